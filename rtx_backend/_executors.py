@@ -1,0 +1,154 @@
+"""Executors: run one region's engine, ONNX model, or FX graph on a list of input tensors.
+
+All three share one interface, `__call__(tensors) -> list[Tensor]`, so that the runtime
+module, first-call validation and the cross-check compare them through the same code.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from . import _trt
+from ._errors import RuntimeUnavailableError
+from ._onnx_bridge import OnnxRegion
+from ._options import Options
+
+log = logging.getLogger("rtx_backend")
+
+
+def torch_dtype(trt_dtype: Any) -> torch.dtype:
+    trt = _trt.trt()
+    table = {
+        trt.DataType.FLOAT: torch.float32,
+        trt.DataType.HALF: torch.float16,
+        trt.DataType.BF16: torch.bfloat16,
+        trt.DataType.INT8: torch.int8,
+        trt.DataType.INT32: torch.int32,
+        trt.DataType.INT64: torch.int64,
+        trt.DataType.BOOL: torch.bool,
+        trt.DataType.UINT8: torch.uint8,
+    }
+    if hasattr(trt.DataType, "FP8"):
+        table[trt.DataType.FP8] = torch.float8_e4m3fn
+    return table[trt_dtype]
+
+
+class TorchExecutor:
+    """Runs the region's ATen graph in PyTorch (fallback and reference)."""
+
+    kind = "pytorch"
+
+    def __init__(self, gm: torch.fx.GraphModule, region: OnnxRegion | None, n_args: int) -> None:
+        self.gm = gm
+        self.tensor_args = region.tensor_args if region else None
+        self.n_args = n_args
+
+    def run_args(self, args: Sequence[Any]) -> list[torch.Tensor]:
+        return list(self.gm(*args))
+
+
+class OrtExecutor:
+    """Runs the region's ONNX model in ONNX Runtime (host copies; for machines without a GPU)."""
+
+    kind = "onnxruntime"
+
+    def __init__(self, region: OnnxRegion) -> None:
+        import onnxruntime as ort
+
+        opts = ort.SessionOptions()
+        opts.log_severity_level = 3
+        self.session = ort.InferenceSession(region.model, opts, providers=["CPUExecutionProvider"])
+        self.region = region
+        self.lock = threading.Lock()
+
+    def __call__(self, tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        device = tensors[0].device if tensors else torch.device("cpu")
+        feeds = {s.name: t.detach().cpu().contiguous().numpy() for s, t in zip(self.region.inputs, tensors)}
+        with self.lock:
+            results = self.session.run([s.name for s in self.region.outputs], feeds)
+        return [
+            torch.from_numpy(r).to(device=device, dtype=s.dtype)
+            for r, s in zip(results, self.region.outputs)
+        ]
+
+
+def deserialize(engine_bytes: bytes) -> Any:
+    """The engine on this GPU, or raise RuntimeUnavailableError saying why it cannot run here."""
+    if not torch.cuda.is_available():
+        raise RuntimeUnavailableError("no usable CUDA GPU")
+    trt = _trt.trt()
+    errors = _trt.logger().errors
+    errors.clear()
+    runtime = trt.Runtime(_trt.logger())
+    engine = runtime.deserialize_cuda_engine(engine_bytes)
+    if engine is None:
+        why = "; ".join(errors) or "deserialize_cuda_engine returned None"
+        raise RuntimeUnavailableError(f"TensorRT-RTX cannot run this engine on this GPU: {why}")
+    return runtime, engine
+
+
+class TrtExecutor:
+    """Runs a TensorRT-RTX engine on torch's current CUDA stream, with torch-allocated outputs."""
+
+    kind = "tensorrt_rtx"
+
+    def __init__(self, engine_bytes: bytes, region: OnnxRegion, options: Options) -> None:
+        self.runtime, self.engine = deserialize(engine_bytes)
+        self.region = region
+        self.options = options
+        self.input_names = [s.name for s in region.inputs]
+        self.output_names = [s.name for s in region.outputs]
+        self.output_dtypes = [torch_dtype(self.engine.get_tensor_dtype(n)) for n in self.output_names]
+        self.device = torch.device("cuda", torch.cuda.current_device())
+        self.lock = threading.Lock()
+        self.native_graphs = options.cuda_graph_strategy == "whole_graph_capture"
+        self.context = self._make_context(self.native_graphs)
+
+    def _make_context(self, native_graphs: bool) -> Any:
+        trt = _trt.trt()
+        config = self.engine.create_runtime_config()
+        strategy = self.options.dynamic_shapes_kernel_specialization_strategy.upper()
+        config.dynamic_shapes_kernel_specialization_strategy = getattr(
+            trt.DynamicShapesKernelSpecializationStrategy, strategy
+        )
+        config.cuda_graph_strategy = (
+            trt.CudaGraphStrategy.WHOLE_GRAPH_CAPTURE if native_graphs else trt.CudaGraphStrategy.DISABLED
+        )
+        from ._runtime_cache import attach
+
+        self._cache_ref = attach(config, self.options)
+        self._config = config  # the context borrows the config and its cache
+        context = self.engine.create_execution_context(config)
+        if context is None:
+            raise RuntimeUnavailableError("TensorRT-RTX could not create an execution context")
+        return context
+
+    def __call__(self, tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        stream = torch.cuda.current_stream(self.device)
+        with self.lock:
+            if self.native_graphs and torch.cuda.is_current_stream_capturing():
+                # An outer capture (torch.cuda.graph, reduce-overhead) records our kernels itself;
+                # TensorRT-RTX's own capture would fight it, so switch it off for good.
+                log.info("outer CUDA graph capture detected: disabling TensorRT-RTX's own capture")
+                self.native_graphs = False
+                self.context = self._make_context(False)
+            ctx = self.context
+            for name, t in zip(self.input_names, tensors):
+                if t.device != self.device:
+                    t = t.to(self.device)
+                t = t.contiguous()  # a temporary copy stays valid: the allocator is stream-ordered
+                ctx.set_input_shape(name, tuple(t.shape))
+                ctx.set_tensor_address(name, t.data_ptr())
+            outputs = []
+            for name, dtype in zip(self.output_names, self.output_dtypes):
+                out = torch.empty(tuple(ctx.get_tensor_shape(name)), dtype=dtype, device=self.device)
+                ctx.set_tensor_address(name, out.data_ptr())
+                outputs.append(out)
+            if not ctx.execute_async_v3(stream.cuda_stream):
+                raise RuntimeError("TensorRT-RTX execute_async_v3 failed")
+        return outputs

@@ -1,0 +1,204 @@
+"""ONNX bridge: one region (an ATen FX GraphModule) -> one ONNX model, via torch.onnx (dynamo).
+
+Symbolic sizes that enter a region as SymInt inputs are recomputed inside the region from the
+tensor inputs' dimensions, so the ONNX model takes tensors only and its dynamic dimensions are
+named dim_params. Inputs and outputs get stable names: input_0.., output_0..
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import io
+import logging
+import warnings
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import torch
+
+from ._errors import BuildError
+
+log = logging.getLogger("rtx_backend")
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorSpec:
+    """Shape (ints for static dims, symbol names for dynamic ones) and dtype of an engine I/O."""
+
+    name: str
+    shape: tuple[int | str, ...]
+    dtype: torch.dtype
+    hint: tuple[int, ...]  # the example's sizes
+    bounds: tuple[tuple[int, int | None], ...] = ()  # per dim: Dynamo's (lower, upper or None)
+
+    @property
+    def dynamic(self) -> bool:
+        return any(isinstance(d, str) for d in self.shape)
+
+
+@dataclasses.dataclass(frozen=True)
+class OnnxRegion:
+    """A region as ONNX: the model bytes and how region arguments map to model inputs."""
+
+    model: bytes
+    tensor_args: tuple[int, ...]  # which region arguments are the model's inputs, in order
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+
+    @property
+    def dynamic(self) -> bool:
+        return any(s.dynamic for s in self.inputs)
+
+
+def _spec(name: str, val: torch.Tensor) -> TensorSpec:
+    shape: list[int | str] = []
+    hint: list[int] = []
+    bounds: list[tuple[int, int | None]] = []
+    for size in val.shape:
+        if isinstance(size, torch.SymInt) and not size.node.expr.is_number:
+            node = size.node
+            shape.append(str(node.expr).replace(" ", ""))
+            hint.append(int(node.hint) if node.hint is not None else 1)
+            rng = node.shape_env.bound_sympy(node.expr)
+            upper = int(rng.upper) if rng.upper.is_Integer else None  # int_oo is not an Integer
+            bounds.append((int(rng.lower) if rng.lower.is_Integer else 0, upper))
+        else:
+            shape.append(int(size))
+            hint.append(int(size))
+            bounds.append((int(size), int(size)))
+    return TensorSpec(name, tuple(shape), val.dtype, tuple(hint), tuple(bounds))
+
+
+def _placeholders(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:
+    return [n for n in gm.graph.nodes if n.op == "placeholder"]
+
+
+def tensors_only(gm: torch.fx.GraphModule) -> tuple[int, ...]:
+    """Rewrite SymInt inputs of `gm` as sizes of its tensor inputs; returns the tensor arg indices.
+
+    The SymInt placeholders stay (unused) so the region keeps its calling signature.
+    """
+    placeholders = _placeholders(gm)
+    tensor_args = tuple(i for i, n in enumerate(placeholders) if isinstance(n.meta.get("val"), torch.Tensor))
+    sources: dict[str, tuple[torch.fx.Node, int]] = {}
+    for i in tensor_args:
+        node = placeholders[i]
+        for dim, size in enumerate(node.meta["val"].shape):
+            if isinstance(size, torch.SymInt):
+                sources.setdefault(str(size.node.expr), (node, dim))
+    for i, node in enumerate(placeholders):
+        val = node.meta.get("val")
+        if i in tensor_args or not node.users:
+            continue
+        if not isinstance(val, torch.SymInt):
+            raise BuildError(f"region input {node.name} is a {type(val).__name__}, not a tensor or size")
+        key = str(val.node.expr)
+        if key not in sources:
+            raise BuildError(f"symbolic size {key} of {node.name} is not a dimension of any region input")
+        src, dim = sources[key]
+        with gm.graph.inserting_after(placeholders[-1]):
+            size_node = gm.graph.call_function(torch.ops.aten.sym_size.int, (src, dim))
+        size_node.meta["val"] = val
+        node.replace_all_uses_with(size_node)
+    gm.graph.lint()
+    gm.recompile()
+    return tensor_args
+
+
+def _example(spec: TensorSpec, device: str = "cpu") -> torch.Tensor:
+    if spec.dtype.is_floating_point:
+        return torch.randn(spec.hint, device=device).to(spec.dtype)
+    if spec.dtype == torch.bool:
+        return torch.ones(spec.hint, dtype=torch.bool, device=device)
+    return torch.ones(spec.hint, dtype=spec.dtype, device=device)
+
+
+def _dynamic_shapes(specs: Sequence[TensorSpec]) -> tuple[tuple[dict[int, Any], ...]] | None:
+    if not any(s.dynamic for s in specs):
+        return None
+    dims: dict[str, Any] = {}
+    out = []
+    for spec in specs:
+        per_input = {}
+        for axis, size in enumerate(spec.shape):
+            if isinstance(size, str):
+                if size.isidentifier():
+                    per_input[axis] = dims.setdefault(size, torch.export.Dim(size))
+                else:
+                    per_input[axis] = torch.export.Dim.DYNAMIC
+        out.append(per_input)
+    return (tuple(out),)
+
+
+class _Wrapper(torch.nn.Module):
+    """Presents only the tensor arguments to the exporter."""
+
+    def __init__(self, gm: torch.fx.GraphModule, tensor_args: tuple[int, ...], n_args: int) -> None:
+        super().__init__()
+        self.gm = gm
+        self.tensor_args = tensor_args
+        self.n_args = n_args
+
+    def forward(self, *tensors: torch.Tensor) -> Any:
+        args: list[Any] = [None] * self.n_args
+        for i, t in zip(self.tensor_args, tensors):
+            args[i] = t
+        return tuple(self.gm(*args))
+
+
+def export_region(gm: torch.fx.GraphModule, *, optimize: bool = True) -> OnnxRegion:
+    """Export one region to ONNX; raises BuildError with the exporter's message on failure."""
+    tensor_args = tensors_only(gm)
+    placeholders = _placeholders(gm)
+    inputs = tuple(_spec(f"input_{k}", placeholders[i].meta["val"]) for k, i in enumerate(tensor_args))
+    output_node = next(n for n in gm.graph.nodes if n.op == "output")
+    out_vals = [a.meta.get("val") for a in output_node.args[0]]
+    if not all(isinstance(v, torch.Tensor) for v in out_vals):
+        raise BuildError("a region output is not a tensor")
+    outputs = tuple(_spec(f"output_{k}", v) for k, v in enumerate(out_vals))
+    wrapper = _Wrapper(gm, tensor_args, len(placeholders))
+    args = tuple(_example(s) for s in inputs)
+    try:
+        with _outside_dynamo(), warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+            warnings.simplefilter("ignore")
+            program = torch.onnx.export(
+                wrapper,
+                args,
+                dynamo=True,
+                input_names=[s.name for s in inputs],
+                output_names=[s.name for s in outputs],
+                dynamic_shapes=_dynamic_shapes(inputs),  # (per-input dicts,) for *tensors
+                optimize=optimize,
+                verbose=False,
+                report=False,
+            )
+    except Exception as exc:
+        raise BuildError(f"ONNX export failed: {_first_line(exc)}") from exc
+    if program is None:
+        raise BuildError("ONNX export returned nothing")
+    return OnnxRegion(program.model_proto.SerializeToString(), tensor_args, inputs, outputs)
+
+
+@contextlib.contextmanager
+def _outside_dynamo() -> Iterator[None]:
+    """Export runs inside Dynamo's compile of the user's model; hide that context from it.
+
+    Otherwise torch.export picks up the outer tracing context (its fake mode and ShapeEnv) and
+    adds its guards to the user's graph. The exporter's chatty loggers are quieted too.
+    """
+    quiet = [logging.getLogger(n) for n in ("onnxscript", "onnx_ir", "torch.onnx", "torch.export")]
+    levels = [q.level for q in quiet]
+    for q in quiet:
+        q.setLevel(logging.ERROR)
+    try:
+        with torch._guards.tracing(None), torch._guards.compile_context(None):
+            yield
+    finally:
+        for q, level in zip(quiet, levels):
+            q.setLevel(level)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"
