@@ -24,6 +24,7 @@ from ._options import Options
 from ._partition import PartitionPlan, partition
 from ._policy import CapabilitySupport
 from ._profiles import make_profile, symbol_overrides
+from ._record import CompiledGraph, record
 from ._runtime import RegionModule
 
 log = logging.getLogger("rtx_backend")
@@ -63,10 +64,12 @@ def compile_graph(
         region_gm = getattr(gm, name)
         setattr(gm, name, compile_region(name, region_gm, overrides, options))
     gm.recompile()
-    kinds = [getattr(gm, n).kind for n in plan.regions]
+    modules = [getattr(gm, n) for n in plan.regions]
+    seconds = time.perf_counter() - start
+    record(CompiledGraph(plan, modules, seconds))
     log.info(
         "trtrtx: compiled a graph in %.2fs: %d region(s) %s, %d op(s) left in PyTorch",
-        time.perf_counter() - start, len(kinds), kinds, len(plan.eager_ops),
+        seconds, len(modules), [m.kind for m in modules], len(plan.eager_ops),
     )
     return gm.forward
 
@@ -86,7 +89,7 @@ def compile_region(
             _stats.count("engine_builds")
         executor = choose_executor(name, onnx_region, engine, options)
     except RtxBackendError as exc:
-        if options.strict or isinstance(exc, RuntimeUnavailableError) and options.runtime == "tensorrt_rtx":
+        if options.strict or (isinstance(exc, RuntimeUnavailableError) and options.runtime == "tensorrt_rtx"):
             raise
         log.warning("trtrtx: region %s runs in PyTorch: %s", name, exc)
         return RegionModule(name, reference, onnx_region, engine, TorchExecutor(reference, None, n_args))

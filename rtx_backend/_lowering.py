@@ -59,7 +59,7 @@ def lower(
     return aot_module_simplified(  # type: ignore[no-any-return]
         gm,
         list(example_inputs),
-        fw_compiler=inference_compiler,
+        fw_compiler=inference_compiler,  # type: ignore[arg-type]
         decompositions=decompositions(),
         keep_inference_input_mutations=True,
     )

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import operator
+from collections.abc import Iterable
 
 import torch
 from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner, Partition
@@ -33,8 +34,8 @@ class PartitionPlan:
     eager_ops: list[tuple[str, str]]  # (node name, op) of every compute node left in PyTorch
 
 
-def compute_nodes(nodes: object) -> int:
-    return sum(1 for n in nodes if n.op == "call_function" and n.target not in _FREE_OPS)  # type: ignore[attr-defined]
+def compute_nodes(nodes: Iterable[torch.fx.Node]) -> int:
+    return sum(1 for n in nodes if n.op == "call_function" and n.target not in _FREE_OPS)
 
 
 def partition(

@@ -1,0 +1,45 @@
+"""Scoped recording of what the backend compiled, for explain, crosscheck and tests.
+
+    with recording() as graphs:
+        compiled(x)
+    graphs[0].regions  # the RegionModules of the first compiled graph
+
+A context variable, not a global registry: only code inside the `with` sees the records.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import dataclasses
+from collections.abc import Iterator
+from typing import Any
+
+_ACTIVE: contextvars.ContextVar[list[CompiledGraph] | None] = contextvars.ContextVar(
+    "rtx_backend_recording", default=None
+)
+
+
+@dataclasses.dataclass
+class CompiledGraph:
+    """One graph handed to the backend: its partition plan and its runtime modules."""
+
+    plan: Any  # _partition.PartitionPlan
+    regions: list[Any]  # _runtime.RegionModule, in graph order
+    seconds: float
+
+
+@contextlib.contextmanager
+def recording() -> Iterator[list[CompiledGraph]]:
+    graphs: list[CompiledGraph] = []
+    token = _ACTIVE.set(graphs)
+    try:
+        yield graphs
+    finally:
+        _ACTIVE.reset(token)
+
+
+def record(graph: CompiledGraph) -> None:
+    graphs = _ACTIVE.get()
+    if graphs is not None:
+        graphs.append(graph)

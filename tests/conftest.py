@@ -1,0 +1,36 @@
+"""Shared fixtures: GPU gating, isolated caches, fresh Dynamo state per test."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import rtx_backend
+from rtx_backend import _trt
+
+
+def gpu_skip_reason() -> str | None:
+    if not torch.cuda.is_available():
+        return "no CUDA GPU on this machine (GPU tests run on the GPU machine, see DEVICE notes)"
+    if not _trt.available():
+        return "TensorRT-RTX is not importable"
+    return None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    reason = gpu_skip_reason()
+    if reason is None:
+        return
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(pytest.mark.skip(reason=reason))
+
+
+@pytest.fixture(autouse=True)
+def _fresh(tmp_path, monkeypatch):
+    """Each test gets empty caches and a reset Dynamo, so counts and results are its own."""
+    monkeypatch.setenv("RTX_BACKEND_CACHE_DIR", str(tmp_path / "cache"))
+    torch._dynamo.reset()
+    rtx_backend.reset_stats()
+    yield
+    torch._dynamo.reset()

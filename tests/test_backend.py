@@ -1,0 +1,158 @@
+"""End to end through torch.compile(backend="trtrtx") on CPU (engines built AOT, run by ONNX Runtime)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+from parameterized import parameterized
+
+import rtx_backend
+from rtx_backend import _engine, _trt
+
+from .helpers import compile_and_run, regions
+from .models import MLP, ConvNet, WithEagerOp, eval_model
+
+SM86 = [(8, 6)]
+
+
+def test_backend_found_by_name_in_fresh_interpreter():
+    code = (
+        "import torch, sys\n"
+        "assert 'rtx_backend' not in sys.modules\n"
+        "from torch._dynamo import list_backends\n"
+        "assert 'trtrtx' in list_backends(exclude_tags=()), list_backends(exclude_tags=())\n"
+        "m = torch.nn.Linear(4, 4).eval()\n"
+        "c = torch.compile(m, backend='trtrtx', options={'min_block_size': 1})\n"
+        "x = torch.randn(2, 4)\n"
+        "with torch.no_grad(): assert torch.allclose(c(x), m(x), atol=1e-5)\n"
+        "print('ok', 'rtx_backend' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().endswith("ok True")
+
+
+def test_unknown_option_rejected_through_torch_compile():
+    model = eval_model(MLP())
+    with pytest.raises(Exception) as info:
+        compile_and_run(model, torch.randn(2, 16), min_blok_size=2)
+    assert isinstance(getattr(info.value, "inner_exception", info.value), rtx_backend.OptionsError)
+    assert "min_block_size" in str(info.value)  # the message lists the valid keys
+
+
+def test_options_reach_the_backend():
+    model = eval_model(MLP())
+    compile_and_run(model, torch.randn(2, 16), min_block_size=1, target_compute_capabilities=SM86)
+    assert rtx_backend.stats()["engine_builds"] == 1
+    torch._dynamo.reset()
+    rtx_backend.reset_stats()
+    compile_and_run(model, torch.randn(2, 16), min_block_size=100, target_compute_capabilities=SM86)
+    assert rtx_backend.stats().get("engine_builds", 0) == 0  # every region below min_block_size
+
+
+@parameterized.expand([("mlp", MLP, (4, 16)), ("convnet", ConvNet, (2, 3, 16, 16))])
+def test_matches_eager_with_one_region(_name, cls, shape):
+    model = eval_model(cls())
+    x = torch.randn(*shape)
+    y = compile_and_run(model, x, min_block_size=1, target_compute_capabilities=SM86)
+    torch.testing.assert_close(y, model(x), atol=1e-4, rtol=1e-4)
+    built = [r for r in regions() if r.engine is not None]
+    assert len(built) == 1
+    assert built[0].kind == "onnxruntime"  # no GPU here: the ONNX model runs
+
+
+def test_torch_executed_op_splits_the_graph():
+    model = eval_model(WithEagerOp())
+    x = torch.randn(3, 16)
+    y = compile_and_run(
+        model, x, min_block_size=1, target_compute_capabilities=SM86, torch_executed_ops=["aten.sigmoid"]
+    )
+    torch.testing.assert_close(y, model(x), atol=1e-5, rtol=1e-5)
+    assert rtx_backend.stats()["engine_builds"] == 2
+
+
+def test_min_block_size_keeps_small_regions_in_pytorch():
+    model = eval_model(WithEagerOp())
+    x = torch.randn(3, 16)
+    # after the split, the second region (addmm, relu, sub) has 3 compute nodes, the first 4
+    y = compile_and_run(
+        model, x, min_block_size=4, target_compute_capabilities=SM86, torch_executed_ops=["aten.sigmoid"]
+    )
+    torch.testing.assert_close(y, model(x), atol=1e-5, rtol=1e-5)
+    assert rtx_backend.stats()["engine_builds"] == 1
+
+
+@parameterized.expand([("onnxruntime",), ("auto",)])
+def test_onnxruntime_path_gives_eager_result(runtime):
+    model = eval_model(ConvNet())
+    x = torch.randn(2, 3, 16, 16)
+    y = compile_and_run(model, x, min_block_size=1, runtime=runtime)
+    torch.testing.assert_close(y, model(x), atol=1e-4, rtol=1e-4)
+    assert [r.kind for r in regions()] == ["onnxruntime"]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU behaviour")
+def test_runtime_tensorrt_rtx_raises_without_gpu():
+    model = eval_model(MLP())
+    with pytest.raises(Exception, match="cannot run here"):
+        compile_and_run(model, torch.randn(2, 16), min_block_size=1, runtime="tensorrt_rtx",
+                        target_compute_capabilities=SM86)
+
+
+def test_graph_needing_autograd_runs_in_pytorch(caplog):
+    model = MLP()  # parameters require grad, grad mode on
+    x = torch.randn(2, 16)
+    compiled = torch.compile(model, backend="trtrtx", options={"min_block_size": 1})
+    y = compiled(x)
+    y.sum().backward()
+    assert model.net[0].weight.grad is not None
+    assert "inference graphs only" in caplog.text
+    assert rtx_backend.stats().get("engine_builds", 0) == 0
+
+
+def test_declared_targets_are_set_on_the_builder(monkeypatch):
+    seen = []
+    original = _engine.configure_targets
+
+    def spy(config, targets):
+        original(config, targets)
+        seen.append([config.get_compute_capability(i) for i in range(config.num_compute_capabilities)])
+
+    monkeypatch.setattr(_engine, "configure_targets", spy)
+    targets = [(7, 5), (8, 6), (8, 9), (12, 0)]
+    model = eval_model(ConvNet(), torch.float16)
+    compile_and_run(model, torch.randn(2, 3, 16, 16, dtype=torch.float16), min_block_size=1,
+                    target_compute_capabilities=targets)
+    trt = _trt.trt()
+    assert seen == [[trt.ComputeCapability.SM75, trt.ComputeCapability.SM86,
+                     trt.ComputeCapability.SM89, trt.ComputeCapability.SM120]]
+    engine = regions()[-1].engine
+    assert engine is not None and len(engine) > 1000
+
+
+def test_unknown_target_names_the_supported_ones():
+    with pytest.raises(rtx_backend.TargetError, match=r"\(7, 5\).*\(8, 6\)"):
+        rtx_backend.Options.from_dict({"target_compute_capabilities": [(9, 0)]})
+
+
+def test_parser_errors_surface_with_their_message():
+    with pytest.raises(rtx_backend.BuildError, match="parser"):
+        _engine.build(b"not an onnx model", ((8, 6),), {})
+
+
+# ---- GPU: the same models through TensorRT-RTX engines -------------------------------------------
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("cls", "shape"), [(MLP, (4, 16)), (ConvNet, (2, 3, 16, 16))])
+def test_gpu_engine_path(cls, shape):
+    for dtype, tol in ((torch.float32, 1e-3), (torch.float16, 1e-2)):
+        torch._dynamo.reset()
+        model = eval_model(cls(), dtype, "cuda")
+        x = torch.randn(*shape, device="cuda", dtype=dtype)
+        y = compile_and_run(model, x, min_block_size=1, runtime="tensorrt_rtx")
+        torch.testing.assert_close(y, model(x), atol=tol, rtol=tol)
+        assert regions()[-1].kind == "tensorrt_rtx"
+        assert y.device.type == "cuda" and y.dtype == dtype
