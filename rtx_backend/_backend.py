@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from . import _stats, _targets, _trt
+from ._dump import dump_region
 from ._engine import build
 from ._errors import BuildError, RtxBackendError, RuntimeUnavailableError
 from ._executors import OrtExecutor, TorchExecutor, TrtExecutor
@@ -83,27 +84,45 @@ def compile_region(
     onnx_region = engine = None
     try:
         onnx_region = export_region(region_gm, optimize=options.optimize_onnx)
+        if options.dump_onnx_dir:
+            dump_region(name, onnx_region, options.dump_onnx_dir)
         if _targets.can_build(options) and options.runtime != "onnxruntime":
             profile = make_profile(onnx_region.inputs, overrides, options)
             engine = build(onnx_region.model, options.target_compute_capabilities, profile).data
             _stats.count("engine_builds")
-        executor = choose_executor(name, onnx_region, engine, options)
+        executor = choose_executor(name, onnx_region, engine, options, _device(reference))
     except RtxBackendError as exc:
         if options.strict or (isinstance(exc, RuntimeUnavailableError) and options.runtime == "tensorrt_rtx"):
             raise
         log.warning("trtrtx: region %s runs in PyTorch: %s", name, exc)
         return RegionModule(name, reference, onnx_region, engine, TorchExecutor(reference, None, n_args))
-    return RegionModule(name, reference, onnx_region, engine, executor)
+    return RegionModule(name, reference, onnx_region, engine, executor, validate=options.validate)
+
+
+def _device(region_gm: torch.fx.GraphModule) -> torch.device:
+    """Where the region's tensors live (its inputs', else its outputs')."""
+    for node in region_gm.graph.nodes:
+        val = node.meta.get("val")
+        if isinstance(val, torch.Tensor):
+            return val.device
+    return torch.device("cpu")
 
 
 def choose_executor(
-    name: str, onnx_region: Any, engine: bytes | None, options: Options
+    name: str, onnx_region: Any, engine: bytes | None, options: Options, device: torch.device
 ) -> TrtExecutor | OrtExecutor:
     """TensorRT-RTX where this GPU runs the engine; else ONNX Runtime (runtime='auto')."""
     if options.runtime == "onnxruntime":
         return _ort(onnx_region)
     why = "TensorRT-RTX is not installed"
-    if _trt.available():
+    targets = options.target_compute_capabilities
+    current = _targets.current_capability()
+    if device.type != "cuda":
+        why = f"the model's tensors are on {device}; move model and inputs to CUDA for TensorRT-RTX"
+    elif targets is not None and current is not None and current not in targets:
+        why = (f"the engines are built for {_targets.describe(targets)}, not for this GPU "
+               f"(SM{current[0]}.{current[1]}); add {current} to target_compute_capabilities to run here")
+    elif _trt.available():
         if engine is None:
             why = "no engine could be built here (no GPU and no declared target)"
         else:
