@@ -1,0 +1,421 @@
+"""Benchmark trtrtx against eager PyTorch, inductor and Torch-TensorRT-RTX on the same models.
+
+    python bench/bench.py                 # GPU: every model and backend, interleaved rounds
+    python bench/bench.py --smoke         # CPU: tiny models, ONNX Runtime path (CI checks it runs)
+
+Backends are measured in one process, in interleaved rounds (the GPU machine is shared and
+noisy). Results go to bench/results/<date>-<gpu>.json and .md, and a PNG plot.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+HERE = Path(__file__).resolve().parent
+CUDA = torch.cuda.is_available()
+DEVICE = "cuda" if CUDA else "cpu"
+
+
+# ---- models -------------------------------------------------------------------------------------
+
+def mlp(width: int = 4096, depth: int = 4) -> nn.Module:
+    layers: list[nn.Module] = []
+    for _ in range(depth):
+        layers += [nn.Linear(width, width), nn.ReLU()]
+    return nn.Sequential(*layers)
+
+
+def resnet(depth: int) -> nn.Module:
+    import torchvision
+
+    return getattr(torchvision.models, f"resnet{depth}")()
+
+
+def encoder(d: int = 768, layers: int = 6, heads: int = 12) -> nn.Module:
+    layer = nn.TransformerEncoderLayer(d, heads, 4 * d, batch_first=True, dropout=0.0)
+    return nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
+
+
+class Conv3dNet(nn.Module):
+    def __init__(self, c: int = 32) -> None:
+        super().__init__()
+        self.body = nn.Sequential(
+            nn.Conv3d(3, c, 3, padding=1), nn.BatchNorm3d(c), nn.ReLU(),
+            nn.Conv3d(c, c, 3, stride=2, padding=1), nn.BatchNorm3d(c), nn.ReLU(),
+            nn.AdaptiveAvgPool3d(1), nn.Flatten(), nn.Linear(c, 10),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(x)
+
+
+# name -> (factory, input shape for a batch, batches, dtypes)
+def model_table(smoke: bool) -> dict[str, tuple[Callable[[], nn.Module], Callable[[int], tuple[int, ...]], list[int], list[torch.dtype]]]:
+    f16, f32 = torch.float16, torch.float32
+    if smoke:
+        return {
+            "mlp-4x64": (lambda: mlp(64, 4), lambda b: (b, 64), [1, 8], [f32]),
+            "encoder-2x64": (lambda: encoder(64, 2, 4), lambda b: (b, 16, 64), [2], [f32]),
+        }
+    return {
+        "mlp-4x4096": (mlp, lambda b: (b, 4096), [1, 256], [f16, f32]),
+        "resnet18": (lambda: resnet(18), lambda b: (b, 3, 224, 224), [1, 32], [f16, f32]),
+        "resnet50": (lambda: resnet(50), lambda b: (b, 3, 224, 224), [32], [f16]),
+        "encoder-6x768": (encoder, lambda b: (b, 256, 768), [1, 16], [f16]),
+        "conv3d": (Conv3dNet, lambda b: (b, 3, 16, 64, 64), [1, 8], [f16]),
+    }
+
+
+# ---- backends -----------------------------------------------------------------------------------
+
+def backend_table(smoke: bool, cache_dir: str) -> dict[str, Callable[[nn.Module], Callable[..., Any]]]:
+    trt_opts = {"min_block_size": 1, "engine_cache_dir": os.path.join(cache_dir, "engines"),
+                "runtime_cache_path": os.path.join(cache_dir, "runtime.cache")}
+    table: dict[str, Callable[[nn.Module], Callable[..., Any]]] = {"eager": lambda m: m}
+    if not smoke:
+        table["inductor"] = lambda m: torch.compile(m, dynamic=False)
+        table["inductor-ro"] = lambda m: torch.compile(m, mode="reduce-overhead", dynamic=False)
+        with contextlib.suppress(Exception):
+            import torch_tensorrt  # noqa: F401
+
+            table["torch_tensorrt"] = lambda m: torch.compile(
+                m, backend="torch_tensorrt", dynamic=False,
+                options={"min_block_size": 1, "use_python_runtime": False})
+    table["trtrtx"] = lambda m: torch.compile(m, backend="trtrtx", dynamic=False, options=trt_opts)
+    if CUDA:
+        table["trtrtx-cg"] = lambda m: torch.compile(
+            m, backend="trtrtx", dynamic=False,
+            options={**trt_opts, "cuda_graph_strategy": "whole_graph_capture"})
+    return table
+
+
+# ---- measurement --------------------------------------------------------------------------------
+
+def sync() -> None:
+    if CUDA:
+        torch.cuda.synchronize()
+
+
+def latencies(fn: Callable[[], Any], iters: int) -> list[float]:
+    """Per-call milliseconds: CUDA events on the GPU, perf_counter on the CPU."""
+    out = []
+    for _ in range(iters):
+        if CUDA:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            out.append(start.elapsed_time(end))
+        else:
+            t = time.perf_counter()
+            fn()
+            out.append((time.perf_counter() - t) * 1e3)
+    return out
+
+
+def p90(values: list[float]) -> float:
+    return sorted(values)[int(0.9 * (len(values) - 1))]
+
+
+def run_config(name: str, factory: Callable[[], nn.Module], shape: tuple[int, ...], dtype: torch.dtype,
+               backends: dict[str, Callable[[nn.Module], Callable[..., Any]]], rounds: int, iters: int) -> dict[str, Any]:
+    import rtx_backend
+
+    torch.manual_seed(0)
+    base = factory().eval()
+    x32 = torch.randn(*shape, device=DEVICE)
+    with torch.inference_mode():
+        ref = base.to(DEVICE)(x32).float()
+    model = base.to(DEVICE, dtype).requires_grad_(False)
+    x = x32.to(dtype)
+    results: dict[str, dict[str, Any]] = {}
+    compiled: dict[str, Callable[..., Any]] = {}
+    for bname, make in backends.items():
+        torch._dynamo.reset()
+        rtx_backend.reset_stats()
+        if CUDA:
+            torch.cuda.reset_peak_memory_stats()
+        row: dict[str, Any] = {}
+        try:
+            fn = make(model)
+            t = time.perf_counter()
+            with torch.inference_mode():
+                out = fn(x)
+                sync()
+            row["cold_compile_s"] = time.perf_counter() - t
+            with torch.inference_mode():
+                for _ in range(3):
+                    out = fn(x)
+                sync()
+            row["max_err_vs_fp32"] = (out.float() - ref).abs().max().item()
+            row["peak_mem_mb"] = torch.cuda.max_memory_allocated() / 2**20 if CUDA else None
+            row["engine_builds"] = rtx_backend.stats().get("engine_builds", 0) if "trtrtx" in bname else None
+            compiled[bname] = fn
+            row["lat"] = []
+        except Exception as exc:  # a backend that cannot compile this model is a result too
+            row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+        results[bname] = row
+    for _ in range(rounds):  # interleaved rounds
+        for bname, fn in compiled.items():
+            with torch.inference_mode():
+                results[bname]["lat"] += latencies(lambda fn=fn: fn(x), iters)
+    for row in results.values():
+        lat = row.pop("lat", None)
+        if lat:
+            row["median_ms"] = statistics.median(lat)
+            row["p90_ms"] = p90(lat)
+    return {"model": name, "shape": list(shape), "dtype": str(dtype).removeprefix("torch."), "backends": results}
+
+
+def dynamic_sweep(smoke: bool, cache_dir: str) -> dict[str, Any]:
+    """One encoder over 8 sequence lengths with dynamic=True: recompiles, builds, latency per length."""
+    import rtx_backend
+
+    d, layers, heads = (64, 2, 4) if smoke else (256, 4, 8)
+    dtype = torch.float32 if smoke else torch.float16
+    model = encoder(d, layers, heads).eval().to(DEVICE, dtype).requires_grad_(False)
+    lengths = [8, 16, 24, 32, 48, 64, 96, 128]
+    out: dict[str, Any] = {"lengths": lengths}
+    for bname, opts in (("trtrtx", {"min_block_size": 1, "engine_cache_dir": ""}),):
+        torch._dynamo.reset()
+        rtx_backend.reset_stats()
+        fn = torch.compile(model, backend=bname, dynamic=True, options=opts)
+        per = []
+        with torch.inference_mode():
+            for n in lengths:
+                x = torch.randn(4, n, d, device=DEVICE, dtype=dtype)
+                t = time.perf_counter()
+                y = fn(x)
+                sync()
+                first = time.perf_counter() - t
+                err = (y.float() - model(x).float()).abs().max().item()
+                per.append({"len": n, "first_call_s": first, "max_err_vs_eager": err})
+        s = rtx_backend.stats()
+        out[bname] = {"backend_calls": s.get("backend_calls", 0), "engine_builds": s.get("engine_builds", 0),
+                      "per_length": per}
+    return out
+
+
+def fresh_process_starts(cache_dir: str) -> dict[str, Any]:
+    """Time to first result in fresh processes: cold, warm (both caches), warm without runtime cache."""
+    child = [sys.executable, str(Path(__file__)), "--child-start", cache_dir]
+    out = {}
+    for label, keep_runtime in (("cold", None), ("warm", True), ("warm_no_runtime_cache", False)):
+        if label == "warm_no_runtime_cache":
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(os.path.join(cache_dir, "runtime.cache"))
+        res = subprocess.run(child, capture_output=True, text=True, timeout=600)
+        try:
+            out[label] = json.loads(res.stdout.strip().splitlines()[-1])
+        except Exception:
+            out[label] = {"error": res.stderr[-500:]}
+        del keep_runtime
+    return out
+
+
+def child_start(cache_dir: str) -> None:
+    t0 = time.perf_counter()
+    import rtx_backend
+
+    model_name = "resnet18" if CUDA else "mlp"
+    model = (resnet(18) if CUDA else mlp(64, 4)).eval().to(DEVICE, torch.float16 if CUDA else torch.float32)
+    model.requires_grad_(False)
+    x = torch.randn(1, 3, 224, 224) if CUDA else torch.randn(1, 64)
+    x = x.to(DEVICE, next(model.parameters()).dtype)
+    t1 = time.perf_counter()
+    fn = torch.compile(model, backend="trtrtx", options={
+        "min_block_size": 1, "engine_cache_dir": os.path.join(cache_dir, "engines"),
+        "runtime_cache_path": os.path.join(cache_dir, "runtime.cache")})
+    with torch.inference_mode():
+        fn(x)
+        sync()
+        t2 = time.perf_counter()
+        fn(x)
+        sync()
+    t3 = time.perf_counter()
+    with contextlib.suppress(Exception):
+        rtx_backend.save_runtime_cache()  # type: ignore[attr-defined]
+    print(json.dumps({"model": model_name, "import_s": t1 - t0, "first_result_s": t2 - t1,
+                      "second_call_s": t3 - t2, "stats": rtx_backend.stats()}))
+
+
+def overhead(cache_dir: str) -> dict[str, Any]:
+    """Host time per call of a one-engine model minus the engine's own enqueue time (microseconds)."""
+    from rtx_backend._record import recording
+
+    model = mlp(256, 2).eval().to(DEVICE, torch.float16).requires_grad_(False)
+    x = torch.randn(1, 256, device=DEVICE, dtype=torch.float16)
+    out: dict[str, Any] = {}
+    for label, strategy in (("disabled", "disabled"), ("whole_graph_capture", "whole_graph_capture")):
+        torch._dynamo.reset()
+        fn = torch.compile(model, backend="trtrtx", options={"min_block_size": 1, "engine_cache_dir": "",
+                                                             "cuda_graph_strategy": strategy})
+        with torch.inference_mode(), recording() as graphs:
+            for _ in range(20):
+                fn(x)
+        sync()
+        regions = [r for g in graphs for r in g.regions]
+        n = 2000
+        with torch.inference_mode():
+            t = time.perf_counter()
+            for _ in range(n):
+                fn(x)
+            full = (time.perf_counter() - t) / n
+            sync()
+        row = {"regions": len(regions), "kind": regions[0].kind if regions else None, "call_us": full * 1e6}
+        executor = regions[0].executor if regions else None
+        ctx = getattr(executor, "context", None)
+        if ctx is not None:
+            stream = torch.cuda.current_stream().cuda_stream
+            t = time.perf_counter()
+            for _ in range(n):
+                ctx.execute_async_v3(stream)
+            raw = (time.perf_counter() - t) / n
+            sync()
+            row["enqueue_us"] = raw * 1e6
+            row["overhead_us"] = (full - raw) * 1e6
+        out[label] = row
+    return out
+
+
+def environment() -> dict[str, Any]:
+    env: dict[str, Any] = {"date": datetime.date.today().isoformat(), "torch": torch.__version__,
+                           "python": platform.python_version(), "device": DEVICE}
+    with contextlib.suppress(Exception):
+        import tensorrt_rtx
+
+        env["tensorrt_rtx"] = tensorrt_rtx.__version__
+    with contextlib.suppress(Exception):
+        import torch_tensorrt
+
+        env["torch_tensorrt"] = torch_tensorrt.__version__
+    if CUDA:
+        env["gpu"] = torch.cuda.get_device_name()
+        with contextlib.suppress(Exception):
+            env["driver"] = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                           capture_output=True, text=True).stdout.strip()
+    return env
+
+
+def table(results: dict[str, Any]) -> str:
+    names = sorted({b for c in results["configs"] for b in c["backends"]}, key=list(results["backends"]).index)
+    lines = ["| model | shape | dtype | " + " | ".join(f"{b} ms (p90)" for b in names) + " |",
+             "|---|---|---|" + "---|" * len(names)]
+    for c in results["configs"]:
+        cells = []
+        for b in names:
+            row = c["backends"].get(b, {})
+            cells.append(f"{row['median_ms']:.3f} ({row['p90_ms']:.3f})" if "median_ms" in row else
+                         ("fail" if "error" in row else "-"))
+        lines.append(f"| {c['model']} | {tuple(c['shape'])} | {c['dtype']} | " + " | ".join(cells) + " |")
+    lines += ["", "| model | shape | dtype | backend | cold compile s | peak MB | max err vs fp32 | engine builds |",
+              "|---|---|---|---|---|---|---|---|"]
+    for c in results["configs"]:
+        for b, row in c["backends"].items():
+            if "error" in row:
+                lines.append(f"| {c['model']} | {tuple(c['shape'])} | {c['dtype']} | {b} | error: {row['error'][:80]} | | | |")
+                continue
+            mem = f"{row['peak_mem_mb']:.0f}" if row.get("peak_mem_mb") is not None else "-"
+            lines.append(f"| {c['model']} | {tuple(c['shape'])} | {c['dtype']} | {b} | {row['cold_compile_s']:.2f} | "
+                         f"{mem} | {row['max_err_vs_fp32']:.2e} | {row.get('engine_builds') if row.get('engine_builds') is not None else '-'} |")
+    return "\n".join(lines)
+
+
+def plot(results: dict[str, Any], path: Path) -> bool:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except Exception:
+        return False
+    configs = results["configs"]
+    names = list(results["backends"])
+    fig, ax = plt.subplots(figsize=(max(8, len(configs) * 1.4), 4.5))
+    width = 0.8 / max(1, len(names))
+    for i, b in enumerate(names):
+        ys = [c["backends"].get(b, {}).get("median_ms", 0) for c in configs]
+        ax.bar([k + i * width for k in range(len(configs))], ys, width, label=b)
+    ax.set_xticks([k + 0.4 - width / 2 for k in range(len(configs))])
+    ax.set_xticklabels([f"{c['model']}\n{c['shape'][0]} {c['dtype']}" for c in configs], fontsize=7)
+    ax.set_ylabel("median latency (ms)")
+    ax.set_yscale("log")
+    ax.legend(fontsize=7)
+    ax.set_title(f"{results['env'].get('gpu', 'cpu')} TensorRT-RTX {results['env'].get('tensorrt_rtx')}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    return True
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--smoke", action="store_true", help="tiny models on CPU (ONNX Runtime path)")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--iters", type=int, default=50)
+    parser.add_argument("--models", default="", help="comma-separated subset of models")
+    parser.add_argument("--backends", default="", help="comma-separated subset of backends")
+    parser.add_argument("--skip", default="", help="comma-separated parts to skip: sweep,starts,overhead")
+    parser.add_argument("--out", default=str(HERE / "results"))
+    parser.add_argument("--tag", default="")
+    parser.add_argument("--child-start", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child_start:
+        child_start(args.child_start)
+        return
+    torch._dynamo.config.cache_size_limit = 256
+    torch._dynamo.config.accumulated_cache_size_limit = 4096
+    smoke = args.smoke or not CUDA
+    cache_dir = tempfile.mkdtemp(prefix="trtrtx-bench-")
+    backends = backend_table(smoke, cache_dir)
+    if args.backends:
+        backends = {k: v for k, v in backends.items() if k in args.backends.split(",")}
+    models = model_table(smoke)
+    if args.models:
+        models = {k: v for k, v in models.items() if k in args.models.split(",")}
+    skip = set(args.skip.split(","))
+    results: dict[str, Any] = {"env": environment(), "backends": list(backends), "configs": []}
+    rounds, iters = (2, 5) if smoke else (args.rounds, args.iters)
+    for name, (factory, shape_of, batches, dtypes) in models.items():
+        for dtype in dtypes:
+            for batch in batches:
+                print(f"-- {name} batch {batch} {dtype}", flush=True)
+                results["configs"].append(run_config(name, factory, shape_of(batch), dtype, backends, rounds, iters))
+    if "sweep" not in skip:
+        results["dynamic_sweep"] = dynamic_sweep(smoke, cache_dir)
+    if CUDA and "overhead" not in skip:
+        results["overhead"] = overhead(cache_dir)
+    if "starts" not in skip:
+        results["fresh_process"] = fresh_process_starts(tempfile.mkdtemp(prefix="trtrtx-starts-"))
+    text = table(results)
+    print(text)
+    for key in ("dynamic_sweep", "overhead", "fresh_process"):
+        if key in results:
+            print(f"\n{key}: {json.dumps(results[key], indent=1)}")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    gpu = results["env"].get("gpu", "cpu").replace(" ", "-")
+    stem = out / f"{results['env']['date']}-{gpu}{'-' + args.tag if args.tag else ''}{'-smoke' if smoke else ''}"
+    stem.with_suffix(".json").write_text(json.dumps(results, indent=1))
+    stem.with_suffix(".md").write_text(f"# {stem.name}\n\n```\n{json.dumps(results['env'], indent=1)}\n```\n\n{text}\n")
+    print(f"saved {stem}.json/.md" + (" and .png" if plot(results, stem.with_suffix(".png")) else " (no plot: matplotlib missing)"))
+
+
+if __name__ == "__main__":
+    main()
