@@ -10,26 +10,36 @@ package is not needed to use it.
 from __future__ import annotations
 
 from ._backend import trtrtx
+from ._crosscheck import CrosscheckReport, crosscheck
 from ._errors import (
     BuildError,
+    CudaGraphError,
     OptionsError,
     RtxBackendError,
     RuntimeUnavailableError,
     TargetError,
 )
+from ._explain import ExplainReport, explain
 from ._options import Options
+from ._runtime_cache import save_runtime_cache
 from ._stats import reset_stats, stats
 
 __version__ = "0.1.0"
 
 __all__ = [
     "BuildError",
+    "CudaGraphError",
+    "CrosscheckReport",
+    "ExplainReport",
     "Options",
     "OptionsError",
     "RtxBackendError",
     "RuntimeUnavailableError",
     "TargetError",
+    "crosscheck",
+    "explain",
     "reset_stats",
+    "save_runtime_cache",
     "stats",
     "trtrtx",
 ]

@@ -7,6 +7,8 @@
 
 from __future__ import annotations
 
+import copy
+import functools
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -17,16 +19,20 @@ import torch
 from . import _stats, _targets, _trt
 from ._dump import dump_region
 from ._engine import build
-from ._errors import BuildError, RtxBackendError, RuntimeUnavailableError
+from ._engine_cache import EngineCache
+from ._engine_cache import Entry as CacheEntry
+from ._errors import BuildError, RegionRefused, RtxBackendError, RuntimeUnavailableError
 from ._executors import OrtExecutor, TorchExecutor, TrtExecutor
 from ._lowering import lower, needs_autograd
-from ._onnx_bridge import export_region
+from ._onnx_bridge import OnnxRegion, export_region, input_specs
 from ._options import Options
 from ._partition import PartitionPlan, partition
-from ._policy import CapabilitySupport
-from ._profiles import make_profile, symbol_overrides
+from ._policy import CapabilitySupport, Reason
+from ._profiles import EngineProfile, make_profile, symbol_overrides
+from ._progress import build_progress
 from ._record import CompiledGraph, record
 from ._runtime import RegionModule
+from ._screen import check_region
 
 log = logging.getLogger("rtx_backend")
 
@@ -44,35 +50,76 @@ def trtrtx(
             "under torch.no_grad() or torch.inference_mode() to run it on TensorRT-RTX."
         )
         return gm.forward
-    return lower(gm, example_inputs, lambda aten_gm, args: compile_graph(aten_gm, args, opts))
+    try:
+        overrides = symbol_overrides(gm, opts)  # the option names model inputs: map it on Dynamo's graph
+        return lower(gm, example_inputs, lambda aten_gm, args: compile_graph(aten_gm, args, opts, overrides))
+    except torch._dynamo.exc.TorchDynamoException:
+        raise  # Dynamo's own control flow (restarts, graph breaks): not ours to judge
+    except Exception as exc:
+        if opts.strict or (isinstance(exc, RuntimeUnavailableError) and opts.runtime == "tensorrt_rtx"):
+            raise
+        # Regions fall back one by one (compile_region); this is the net under the rest of the
+        # pipeline (lowering, policy, partition): a working model must not become a crash.
+        log.warning("trtrtx: this graph runs in PyTorch: compiling it failed (%s: %s)", type(exc).__name__, exc)
+        log.debug("trtrtx: graph compilation failed", exc_info=exc)
+        return gm.forward
 
 
-def plan_graph(aten_gm: torch.fx.GraphModule, options: Options) -> PartitionPlan:
-    """Policy and partition (no build): shared by compilation and `explain`."""
-    support = CapabilitySupport(_targets.policy_targets(options), options.torch_executed_ops)
+def plan_graph(
+    aten_gm: torch.fx.GraphModule, options: Options, refused: dict[str, Reason] | None = None
+) -> PartitionPlan:
+    """Policy and partition (no build): shared by compilation and `explain`. `refused`: nodes
+    the ONNX screen keeps in PyTorch (see compile_regions)."""
+    support = CapabilitySupport(_targets.policy_targets(options), options.torch_executed_ops, refused=refused)
     return partition(aten_gm, support, options.min_block_size)
 
 
 def compile_graph(
-    aten_gm: torch.fx.GraphModule, args: Sequence[Any], options: Options
+    aten_gm: torch.fx.GraphModule,
+    args: Sequence[Any],
+    options: Options,
+    overrides: dict[str, Any] | None = None,
 ) -> Callable[..., Any]:
-    start = time.perf_counter()
-    plan = plan_graph(aten_gm, options)
+    start, before = time.perf_counter(), _stats.stats()
+    plan = compile_regions(aten_gm, overrides or {}, options)
     gm = plan.graph_module
-    graph_inputs = [n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"]
-    overrides = symbol_overrides(graph_inputs, options)
-    for name in plan.regions:
-        region_gm = getattr(gm, name)
-        setattr(gm, name, compile_region(name, region_gm, overrides, options))
     gm.recompile()
     modules = [getattr(gm, n) for n in plan.regions]
     seconds = time.perf_counter() - start
     record(CompiledGraph(plan, modules, seconds))
+    after = _stats.stats()
+    built, cached = (after.get(k, 0) - before.get(k, 0) for k in ("engine_builds", "engine_cache_hits"))
     log.info(
-        "trtrtx: compiled a graph in %.2fs: %d region(s) %s, %d op(s) left in PyTorch",
-        seconds, len(modules), [m.kind for m in modules], len(plan.eager_ops),
+        "trtrtx: compiled a graph in %.2fs: %d region(s) %s, %d engine(s) built, %d loaded from cache, "
+        "%d op(s) left in PyTorch",
+        seconds, len(modules), [m.kind for m in modules], built, cached, len(plan.eager_ops),
     )
     return gm.forward
+
+
+def compile_regions(
+    aten_gm: torch.fx.GraphModule, overrides: dict[str, Any], options: Options
+) -> PartitionPlan:
+    """Plan, then compile every region in place. When the ONNX screen refuses nodes of a region
+    (RegionRefused), plan again with them in PyTorch, from a copy of the graph (partitioning
+    edits it). Each round refuses nodes that were in a region, so the loop ends."""
+    pristine = copy.deepcopy(aten_gm.graph)
+    known = {n.name for n in pristine.nodes}
+    refused: dict[str, Reason] = {}
+    gm = aten_gm
+    while True:
+        plan = plan_graph(gm, options, refused)
+        try:
+            for name in plan.regions:
+                region = compile_region(name, getattr(plan.graph_module, name), overrides, options)
+                setattr(plan.graph_module, name, region)
+            return plan
+        except RegionRefused as exc:
+            new = {k: v for k, v in exc.reasons.items() if k in known and k not in refused}
+            if not new:
+                raise BuildError(f"the ONNX screen refused nodes that are in no region: {exc}") from exc
+            refused.update(new)  # type: ignore[arg-type]
+            gm = torch.fx.GraphModule(aten_gm, copy.deepcopy(pristine))
 
 
 def compile_region(
@@ -83,20 +130,55 @@ def compile_region(
     reference = torch.fx.GraphModule(region_gm, region_gm.graph)  # before the bridge edits it
     onnx_region = engine = None
     try:
-        onnx_region = export_region(region_gm, optimize=options.optimize_onnx)
+        onnx_region, engine = export_and_build(region_gm, overrides, options)
         if options.dump_onnx_dir:
             dump_region(name, onnx_region, options.dump_onnx_dir)
-        if _targets.can_build(options) and options.runtime != "onnxruntime":
-            profile = make_profile(onnx_region.inputs, overrides, options)
-            engine = build(onnx_region.model, options.target_compute_capabilities, profile).data
-            _stats.count("engine_builds")
         executor = choose_executor(name, onnx_region, engine, options, _device(reference))
-    except RtxBackendError as exc:
+    except Exception as exc:  # a bug of ours or of a library must not break the user's model
+        if isinstance(exc, RegionRefused):
+            raise  # compile_regions partitions again without the refused nodes
+        error = exc if isinstance(exc, RtxBackendError) else BuildError(f"{type(exc).__name__}: {exc}")
         if options.strict or (isinstance(exc, RuntimeUnavailableError) and options.runtime == "tensorrt_rtx"):
-            raise
-        log.warning("trtrtx: region %s runs in PyTorch: %s", name, exc)
+            if error is exc:
+                raise
+            raise error from exc
+        log.warning("trtrtx: region %s runs in PyTorch: %s", name, error)
+        log.debug("trtrtx: region %s failed", name, exc_info=exc)
         return RegionModule(name, reference, onnx_region, engine, TorchExecutor(reference, None, n_args))
-    return RegionModule(name, reference, onnx_region, engine, executor, validate=options.validate)
+    profile = make_profile(onnx_region.inputs, overrides, options) if engine is not None else {}
+    widener = EngineProfile(profile, functools.partial(_build_for, onnx_region.model, options)) if profile else None
+    return RegionModule(name, reference, onnx_region, engine, executor, validate=options.validate, profile=widener)
+
+
+def export_and_build(
+    region_gm: torch.fx.GraphModule, overrides: dict[str, Any], options: Options
+) -> tuple[OnnxRegion, bytes | None]:
+    """The region's ONNX model and engine: from the engine cache when it holds them, else
+    exported and built (and stored). No engine where none can be built or none is wanted."""
+    if not (_targets.can_build(options) and options.runtime != "onnxruntime"):
+        return export_region(region_gm, optimize=options.optimize_onnx), None
+    cache = EngineCache.for_options(options)
+    inputs = input_specs(region_gm)
+    key = cache.key(region_gm, make_profile(inputs, overrides, options), options) if cache else None
+    hit = cache.load(key, inputs) if cache and key else None
+    if hit is not None:
+        return hit.region, hit.engine
+    fx_names = [n.name for n in region_gm.graph.nodes if n.op == "call_function"]
+    onnx_region = export_region(region_gm, optimize=options.optimize_onnx)  # edits region_gm
+    check_region(onnx_region.model, fx_names, _targets.policy_targets(options))  # may raise RegionRefused
+    profile = make_profile(onnx_region.inputs, overrides, options)
+    with build_progress(options) as monitor:
+        built = build(onnx_region.model, options.target_compute_capabilities, profile, monitor=monitor)
+    _stats.count("engine_builds")
+    if cache and key and onnx_region.inputs == inputs:
+        cache.store(key, CacheEntry(onnx_region, built.data, profile))
+    return onnx_region, built.data
+
+
+def _build_for(onnx_model: bytes, options: Options, profile: dict[str, Any]) -> bytes:
+    """An engine for another profile of the same region (a call fell outside the first one)."""
+    with build_progress(options) as monitor:
+        return build(onnx_model, options.target_compute_capabilities, profile, monitor=monitor).data
 
 
 def _device(region_gm: torch.fx.GraphModule) -> torch.device:
@@ -114,22 +196,23 @@ def choose_executor(
     """TensorRT-RTX where this GPU runs the engine; else ONNX Runtime (runtime='auto')."""
     if options.runtime == "onnxruntime":
         return _ort(onnx_region)
-    why = "TensorRT-RTX is not installed"
     targets = options.target_compute_capabilities
     current = _targets.current_capability()
-    if device.type != "cuda":
+    missing = _trt.unavailable_reason()
+    if missing is not None:
+        why = missing
+    elif device.type != "cuda":
         why = f"the model's tensors are on {device}; move model and inputs to CUDA for TensorRT-RTX"
     elif targets is not None and current is not None and current not in targets:
         why = (f"the engines are built for {_targets.describe(targets)}, not for this GPU "
                f"(SM{current[0]}.{current[1]}); add {current} to target_compute_capabilities to run here")
-    elif _trt.available():
-        if engine is None:
-            why = "no engine could be built here (no GPU and no declared target)"
-        else:
-            try:
-                return TrtExecutor(engine, onnx_region, options)
-            except RuntimeUnavailableError as exc:
-                why = str(exc)
+    elif engine is None:
+        why = "no engine could be built here (no GPU and no declared target)"
+    else:
+        try:
+            return TrtExecutor(engine, onnx_region, options, name)
+        except RuntimeUnavailableError as exc:
+            why = str(exc)
     if options.runtime == "tensorrt_rtx":
         raise RuntimeUnavailableError(f"runtime='tensorrt_rtx' but region {name} cannot run here: {why}")
     _warn_once(f"trtrtx: TensorRT-RTX cannot run engines here ({why}); regions run in ONNX Runtime instead")

@@ -21,3 +21,21 @@ class BuildError(RtxBackendError):
 
 class RuntimeUnavailableError(RtxBackendError):
     """The requested runtime cannot run on this machine."""
+
+
+class RegionRefused(BuildError):
+    """The ONNX screen found nodes of a region that TensorRT-RTX cannot take.
+
+    `reasons` maps FX node name -> _policy.Reason. The backend catches it and partitions again
+    with those nodes in PyTorch; anything else treats it as a failed build.
+    """
+
+    def __init__(self, reasons: dict[str, object]) -> None:
+        self.reasons = dict(reasons)
+        shown = "; ".join(f"{name}: {why}" for name, why in list(self.reasons.items())[:3])
+        more = f" (+{len(self.reasons) - 3} more)" if len(self.reasons) > 3 else ""
+        super().__init__(f"TensorRT-RTX cannot take {len(self.reasons)} node(s) of the region: {shown}{more}")
+
+
+class CudaGraphError(RtxBackendError):
+    """An engine cannot be recorded by the CUDA graph that the caller is capturing."""

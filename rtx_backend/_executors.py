@@ -13,8 +13,8 @@ from typing import Any
 
 import torch
 
-from . import _trt
-from ._errors import RuntimeUnavailableError
+from . import _runtime_cache, _trt
+from ._errors import CudaGraphError, RuntimeUnavailableError
 from ._onnx_bridge import OnnxRegion
 from ._options import Options
 
@@ -93,12 +93,22 @@ def deserialize(engine_bytes: bytes) -> Any:
 
 
 class TrtExecutor:
-    """Runs a TensorRT-RTX engine on torch's current CUDA stream, with torch-allocated outputs."""
+    """Runs a TensorRT-RTX engine on torch's current CUDA stream, with torch-allocated outputs.
+
+    CUDA graphs: with cuda_graph_strategy="whole_graph_capture" TensorRT-RTX captures and
+    replays the engine itself. When the caller captures the stream (torch.cuda.graph, or a
+    reduce-overhead style wrapper), the outer graph must record the engine's kernels as they
+    are: the context is recreated once, for good, with TensorRT-RTX's own capture off and, for
+    dynamic inputs, "eager" instead of "lazy" kernel specialisation (lazy would swap in
+    specialised kernels behind the recorded graph's back). An engine that TensorRT-RTX reports
+    as not stream-capturable raises CudaGraphError inside an outer capture.
+    """
 
     kind = "tensorrt_rtx"
 
-    def __init__(self, engine_bytes: bytes, region: OnnxRegion, options: Options) -> None:
+    def __init__(self, engine_bytes: bytes, region: OnnxRegion, options: Options, name: str = "region") -> None:
         self.runtime, self.engine = deserialize(engine_bytes)
+        self.name = name
         self.region = region
         self.options = options
         self.input_names = [s.name for s in region.inputs]
@@ -107,36 +117,63 @@ class TrtExecutor:
         self.device = torch.device("cuda", torch.cuda.current_device())
         self.lock = threading.Lock()
         self.native_graphs = options.cuda_graph_strategy == "whole_graph_capture"
-        self.context = self._make_context(self.native_graphs)
+        self.specialization = options.dynamic_shapes_kernel_specialization_strategy
+        self.native_checked = False
+        self.context = self._make_context()
+        _runtime_cache.save_on_release(self, self._cache_ref)
 
-    def _make_context(self, native_graphs: bool) -> Any:
+    def _make_context(self) -> Any:
         trt = _trt.trt()
         config = self.engine.create_runtime_config()
-        strategy = self.options.dynamic_shapes_kernel_specialization_strategy.upper()
         config.dynamic_shapes_kernel_specialization_strategy = getattr(
-            trt.DynamicShapesKernelSpecializationStrategy, strategy
+            trt.DynamicShapesKernelSpecializationStrategy, self.specialization.upper()
         )
         config.cuda_graph_strategy = (
-            trt.CudaGraphStrategy.WHOLE_GRAPH_CAPTURE if native_graphs else trt.CudaGraphStrategy.DISABLED
+            trt.CudaGraphStrategy.WHOLE_GRAPH_CAPTURE if self.native_graphs else trt.CudaGraphStrategy.DISABLED
         )
-        from ._runtime_cache import attach
-
-        self._cache_ref = attach(config, self.options)
+        self._cache_ref = _runtime_cache.attach(config, self.options)
         self._config = config  # the context borrows the config and its cache
         context = self.engine.create_execution_context(config)
         if context is None:
             raise RuntimeUnavailableError("TensorRT-RTX could not create an execution context")
         return context
 
+    def _fit_outer_capture(self) -> None:
+        """Recreate the context (once) so that an outer CUDA graph capture can record it."""
+        changes = []
+        if self.native_graphs:
+            self.native_graphs = False
+            changes.append("TensorRT-RTX's own CUDA graph capture off")
+        if self.specialization == "lazy" and self.region.dynamic:
+            self.specialization = "eager"
+            changes.append("kernel specialization 'lazy' -> 'eager' (dynamic inputs)")
+        if changes:
+            log.info("trtrtx: region %s is captured by an outer CUDA graph: %s", self.name, ", ".join(changes))
+            self.context = self._make_context()
+
+    def _check_native(self, ctx: Any, stream: torch.cuda.Stream) -> None:
+        """Say, once, when whole_graph_capture cannot do what the user asked for."""
+        self.native_checked = True
+        probe = stream if stream.cuda_stream != 0 else torch.cuda.Stream(self.device)  # never the legacy stream
+        if not ctx.is_stream_capturable(probe.cuda_stream):
+            log.warning(
+                "trtrtx: cuda_graph_strategy='whole_graph_capture' was asked for, but TensorRT-RTX reports "
+                "region %s as not stream-capturable (data-dependent shapes or on-device control flow); "
+                "it may run without CUDA graphs", self.name,
+            )
+        elif self.region.dynamic and self.specialization == "lazy":
+            log.info(
+                "trtrtx: region %s has dynamic inputs: TensorRT-RTX captures a CUDA graph per input shape "
+                "once its specialised kernels are compiled; the first calls at a new shape run uncaptured",
+                self.name,
+            )
+
     def __call__(self, tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         stream = torch.cuda.current_stream(self.device)
+        capturing = torch.cuda.is_current_stream_capturing()
         with self.lock:
-            if self.native_graphs and torch.cuda.is_current_stream_capturing():
-                # An outer capture (torch.cuda.graph, reduce-overhead) records our kernels itself;
-                # TensorRT-RTX's own capture would fight it, so switch it off for good.
-                log.info("outer CUDA graph capture detected: disabling TensorRT-RTX's own capture")
-                self.native_graphs = False
-                self.context = self._make_context(False)
+            if capturing:
+                self._fit_outer_capture()
             ctx = self.context
             for name, t in zip(self.input_names, tensors):
                 if t.device != self.device:
@@ -149,6 +186,14 @@ class TrtExecutor:
                 out = torch.empty(tuple(ctx.get_tensor_shape(name)), dtype=dtype, device=self.device)
                 ctx.set_tensor_address(name, out.data_ptr())
                 outputs.append(out)
+            if capturing and not ctx.is_stream_capturable(stream.cuda_stream):
+                raise CudaGraphError(
+                    f"region {self.name} cannot be recorded by the CUDA graph being captured: TensorRT-RTX "
+                    "reports its engine as not stream-capturable (data-dependent shapes or on-device control "
+                    "flow). Call the compiled model outside the capture."
+                )
+            if self.native_graphs and not self.native_checked:
+                self._check_native(ctx, stream)
             if not ctx.execute_async_v3(stream.cuda_stream):
                 raise RuntimeError("TensorRT-RTX execute_async_v3 failed")
         return outputs

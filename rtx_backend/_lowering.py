@@ -27,7 +27,27 @@ def decompositions() -> dict[Any, Callable[..., Any]]:
     from ._policy import exporter_registry
 
     onnx_ops = set(_decomp.get_onnx_implemented_overloads(exporter_registry()))
-    return _decomp.create_onnx_friendly_decomposition_table(onnx_ops)
+    table = _decomp.create_onnx_friendly_decomposition_table(onnx_ops)
+    table[torch.ops.aten._cdist_forward.default] = _cdist_forward  # the exporter has no cdist
+    return table
+
+
+def _cdist_forward(x1: torch.Tensor, x2: torch.Tensor, p: float, compute_mode: int | None = None) -> torch.Tensor:
+    """cdist as p-norms of broadcast differences, so that it exports (no GEMM: Turing-safe).
+
+    cdist itself picks its GEMM form (p=2 with compute_mode 1, or above 25 rows), which reaches
+    the graph as mm; what reaches here is its direct form, kept elementwise as in PyTorch.
+    """
+    diff = (x1.unsqueeze(-2) - x2.unsqueeze(-3)).abs()
+    if p == 0:
+        return (diff != 0).to(x1.dtype).sum(-1)
+    if p == 1:
+        return diff.sum(-1)
+    if p == 2:
+        return diff.square().sum(-1).sqrt()
+    if p == float("inf"):
+        return diff.amax(-1)
+    return diff.pow(p).sum(-1).pow(1.0 / p)
 
 
 def needs_autograd(example_inputs: Sequence[Any]) -> bool:

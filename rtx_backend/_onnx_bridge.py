@@ -59,7 +59,7 @@ def _spec(name: str, val: torch.Tensor) -> TensorSpec:
         if isinstance(size, torch.SymInt) and not size.node.expr.is_number:
             node = size.node
             shape.append(str(node.expr).replace(" ", ""))
-            hint.append(int(node.hint) if node.hint is not None else 1)
+            hint.append(_example_size(size))
             rng = node.shape_env.bound_sympy(node.expr)
             upper = int(rng.upper) if rng.upper.is_Integer else None  # int_oo is not an Integer
             bounds.append((int(rng.lower) if rng.lower.is_Integer else 0, upper))
@@ -70,40 +70,116 @@ def _spec(name: str, val: torch.Tensor) -> TensorSpec:
     return TensorSpec(name, tuple(shape), val.dtype, tuple(hint), tuple(bounds))
 
 
+def _example_size(size: torch.SymInt) -> int:
+    """The size of `size` in the export example: Dynamo's hint, with every symbol at least 2.
+
+    torch.export specializes a dimension whose example is 0 or 1, so a symbol whose hint is
+    below 2 (backed_size_oblivious, unbacked sizes) is evaluated at 2. Symbols, not sizes, are
+    bumped, so that related dimensions (s0, s0*s1, s0//2) stay consistent across inputs.
+    """
+    expr = size.node.expr
+    env = size.node.shape_env
+    hints = env.backed_var_to_val if hasattr(env, "backed_var_to_val") else env.var_to_val  # torch < 2.12
+    values = {}
+    for sym in expr.free_symbols:
+        hint = hints.get(sym)
+        upper = env.var_to_range[sym].upper if sym in env.var_to_range else None
+        value = max(int(hint) if hint is not None and hint.is_Integer else 2, 2)
+        if upper is not None and upper.is_Integer and int(upper) < value:
+            value = int(upper)
+        values[sym] = value
+    return int(expr.xreplace(values))
+
+
 def _placeholders(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:
     return [n for n in gm.graph.nodes if n.op == "placeholder"]
+
+
+def input_specs(gm: torch.fx.GraphModule) -> tuple[TensorSpec, ...]:
+    """The specs export_region gives the model inputs, without exporting or editing `gm`.
+
+    The engine cache needs them (for the profile, part of its key) before deciding to export.
+    """
+    vals = [n.meta.get("val") for n in _placeholders(gm)]
+    tensors = [v for v in vals if isinstance(v, torch.Tensor)]
+    return tuple(_spec(f"input_{k}", v) for k, v in enumerate(tensors))
 
 
 def tensors_only(gm: torch.fx.GraphModule) -> tuple[int, ...]:
     """Rewrite SymInt inputs of `gm` as sizes of its tensor inputs; returns the tensor arg indices.
 
+    A SymInt input becomes aten.sym_size of a tensor input that has it as a dimension, or, for
+    an expression of such dimensions (s0*s1, s0//2, 2*s0+1), that expression computed from
+    sym_size nodes (sympy's Python reference interpreter, which traces through FX proxies).
     The SymInt placeholders stay (unused) so the region keeps its calling signature.
     """
+    from torch.utils._sympy.interp import sympy_interp
+    from torch.utils._sympy.reference import PythonReferenceAnalysis
+
     placeholders = _placeholders(gm)
     tensor_args = tuple(i for i, n in enumerate(placeholders) if isinstance(n.meta.get("val"), torch.Tensor))
-    sources: dict[str, tuple[torch.fx.Node, int]] = {}
+    sources: dict[Any, tuple[torch.fx.Node, int]] = {}  # sympy expr -> (tensor input, dim)
     for i in tensor_args:
         node = placeholders[i]
         for dim, size in enumerate(node.meta["val"].shape):
             if isinstance(size, torch.SymInt):
-                sources.setdefault(str(size.node.expr), (node, dim))
+                sources.setdefault(size.node.expr, (node, dim))
+    tracer = torch.fx.proxy.GraphAppendingTracer(gm.graph)
+
+    def size_of(expr: Any) -> torch.fx.Proxy:
+        src, dim = sources[expr]
+        return torch.fx.Proxy(gm.graph.call_function(torch.ops.aten.sym_size.int, (src, dim)), tracer)
+
+    first_op = _placeholders_first(gm)
     for i, node in enumerate(placeholders):
         val = node.meta.get("val")
         if i in tensor_args or not node.users:
             continue
+        if isinstance(val, int) or (isinstance(val, torch.SymInt) and val.node.expr.is_number):
+            _replace_with_constant(node, int(val))
+            continue
         if not isinstance(val, torch.SymInt):
             raise BuildError(f"region input {node.name} is a {type(val).__name__}, not a tensor or size")
-        key = str(val.node.expr)
-        if key not in sources:
-            raise BuildError(f"symbolic size {key} of {node.name} is not a dimension of any region input")
-        src, dim = sources[key]
-        with gm.graph.inserting_after(placeholders[-1]):
-            size_node = gm.graph.call_function(torch.ops.aten.sym_size.int, (src, dim))
-        size_node.meta["val"] = val
-        node.replace_all_uses_with(size_node)
+        expr = val.node.expr
+        missing = sorted(str(s) for s in expr.free_symbols if s not in sources)
+        if expr not in sources and missing:
+            raise BuildError(
+                f"symbolic size {expr} of {node.name} needs {', '.join(missing)}, which is not a "
+                "dimension of any region input"
+            )
+        with gm.graph.inserting_before(first_op):  # keeps the new nodes in creation order
+            if expr in sources:
+                value = size_of(expr)
+            else:
+                env = {s: size_of(s) for s in expr.free_symbols}
+                value = sympy_interp(PythonReferenceAnalysis, env, expr)
+        if not isinstance(value, torch.fx.Proxy):
+            raise BuildError(f"symbolic size {expr} of {node.name} could not be rebuilt in the region")
+        value.node.meta["val"] = val
+        node.replace_all_uses_with(value.node)
     gm.graph.lint()
     gm.recompile()
     return tensor_args
+
+
+def _placeholders_first(gm: torch.fx.GraphModule) -> torch.fx.Node:
+    """Move the placeholders (kept in order) before every other node; returns the first other node.
+
+    Fused regions interleave placeholders with computations; sizes rebuilt from the inputs must
+    come before any use, so they go right after the inputs.
+    """
+    for node in _placeholders(gm):
+        first = next(n for n in gm.graph.nodes if n.op != "placeholder" or n is node)
+        if first is not node:
+            first.prepend(node)
+    return next(n for n in gm.graph.nodes if n.op != "placeholder")
+
+
+def _replace_with_constant(node: torch.fx.Node, value: int) -> None:
+    """Pass a size that Dynamo specialized as a literal to every user of `node`."""
+    for user in list(node.users):
+        user.args = torch.fx.node.map_arg(user.args, lambda a: value if a is node else a)  # type: ignore[arg-type,return-value]
+        user.kwargs = torch.fx.node.map_arg(user.kwargs, lambda a: value if a is node else a)  # type: ignore[arg-type,return-value]
 
 
 def _example(spec: TensorSpec, device: str = "cpu") -> torch.Tensor:

@@ -6,7 +6,9 @@ Every field is validated here, once; the rest of the pipeline receives an `Optio
 from __future__ import annotations
 
 import dataclasses
+import numbers
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -17,6 +19,7 @@ Target = tuple[int, int]
 RUNTIMES = ("auto", "tensorrt_rtx", "onnxruntime")
 SPECIALIZATION_STRATEGIES = ("lazy", "eager", "none")
 CUDA_GRAPH_STRATEGIES = ("disabled", "whole_graph_capture")
+MAX_DIM = 2**31 - 1  # TensorRT-RTX dimensions are int32
 
 
 def default_cache_root() -> Path:
@@ -44,8 +47,9 @@ class Options:
     """auto: TensorRT-RTX where the GPU can run the engine, else ONNX Runtime (one warning)."""
     dynamic_shapes_kernel_specialization_strategy: Literal["lazy", "eager", "none"] = "lazy"
     cuda_graph_strategy: Literal["disabled", "whole_graph_capture"] = "disabled"
-    dynamic_shapes: Mapping[int, Mapping[int, tuple[int, int, int]]] | None = None
-    """Per graph input index, per dim: (min, opt, max) of the optimization profile."""
+    dynamic_shapes: Mapping[int | str, Mapping[int, tuple[int, int, int]]] | None = None
+    """Per model input (argument name, or position among the graph's input tensors), per dim:
+    (min, opt, max) of the optimization profile of the dims Dynamo made dynamic."""
     default_max_dim: int = 4096
     """Upper bound of a dynamic dimension that Dynamo leaves unbounded."""
     runtime_cache_path: str | None = None
@@ -63,6 +67,12 @@ class Options:
     optimize_onnx: bool = True
     """Run the ONNX exporter's optimizer (constant folding; the parser needs it for some ops)."""
 
+    def __post_init__(self) -> None:
+        # Validate (and normalize) here rather than in from_dict, so that Options(...) and
+        # dataclasses.replace(...) cannot produce an unchecked value either.
+        for f in dataclasses.fields(self):
+            object.__setattr__(self, f.name, _VALIDATORS[f.name](f.name, getattr(self, f.name)))
+
     @classmethod
     def from_dict(cls, options: Mapping[str, Any] | Options | None) -> Options:
         if options is None:
@@ -72,13 +82,12 @@ class Options:
         if not isinstance(options, Mapping):
             raise OptionsError(f"options must be a dict, got {type(options).__name__}")
         valid = [f.name for f in dataclasses.fields(cls)]
-        unknown = sorted(str(k) for k in options if k not in valid)
+        unknown = sorted(repr(k) for k in options if k not in valid)
         if unknown:
             raise OptionsError(
-                f"unknown option(s) {unknown}; valid options are: {', '.join(valid)}"
+                f"unknown option(s) {', '.join(unknown)}; valid options are: {', '.join(valid)}"
             )
-        values = {key: _VALIDATORS[key](key, value) for key, value in options.items()}
-        return cls(**values)
+        return cls(**options)
 
     def cache_key_fields(self) -> dict[str, Any]:
         """The options that change a built engine (part of the engine-cache key)."""
@@ -102,11 +111,17 @@ def _choice(choices: tuple[str, ...]) -> Any:
     return check
 
 
-def _int_at_least(low: int) -> Any:
+def _is_int(value: Any) -> bool:
+    """Python and NumPy integers; not bools (True is an int, but never a size)."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _int_at_least(low: int, high: int | None = None) -> Any:
     def check(key: str, value: Any) -> int:
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise OptionsError(f"{key}={value!r} is not valid; it must be an integer >= {low}")
-        return value
+        if not _is_int(value) or value < low or (high is not None and value > high):
+            bound = f">= {low}" if high is None else f"in [{low}, {high}]"
+            raise OptionsError(f"{key}={value!r} is not valid; it must be an integer {bound}")
+        return int(value)
 
     return check
 
@@ -118,11 +133,11 @@ def _bool(key: str, value: Any) -> bool:
 
 
 def _optional_path(key: str, value: Any) -> str | None:
-    if value is None or isinstance(value, str):
-        return value
     if isinstance(value, os.PathLike):
-        return os.fspath(value)  # type: ignore[return-value]
-    raise OptionsError(f"{key}={value!r} is not valid; it must be a path string or None")
+        value = os.fspath(value)
+    if value is None or (isinstance(value, str) and "\0" not in value):
+        return value
+    raise OptionsError(f"{key}={value!r} is not valid; it must be a path string (no NUL) or None")
 
 
 def _targets(key: str, value: Any) -> tuple[Target, ...] | None:
@@ -132,12 +147,12 @@ def _targets(key: str, value: Any) -> tuple[Target, ...] | None:
         raise OptionsError(f"{key}={value!r} is not valid; give a list of (major, minor) tuples")
     out: list[Target] = []
     for item in value:
-        if isinstance(item, str) and item.replace(".", "", 1).isdigit() and "." in item:
-            item = tuple(int(p) for p in item.split("."))
+        if isinstance(item, str) and re.fullmatch(r"\d+\.\d+", item.strip(), re.ASCII):
+            item = tuple(int(p) for p in item.strip().split("."))
         if (
             not isinstance(item, (tuple, list))
             or len(item) != 2
-            or not all(isinstance(p, int) and not isinstance(p, bool) and p >= 0 for p in item)
+            or not all(_is_int(p) and p >= 0 for p in item)
         ):
             raise OptionsError(
                 f"{key}: {item!r} is not a compute capability; give (major, minor), e.g. (8, 6)"
@@ -166,31 +181,55 @@ def _op_names(key: str, value: Any) -> frozenset[str]:
                 f"{key}: {item!r} is not an ATen op; use names like 'aten.relu' or "
                 "'aten.addmm.default', or torch.ops.aten.relu"
             )
+        _check_op_exists(key, name)
         names.add(name)
     return frozenset(names)
 
 
-def _dynamic_shapes(key: str, value: Any) -> Mapping[int, Mapping[int, tuple[int, int, int]]] | None:
+def _check_op_exists(key: str, name: str) -> None:
+    """A misspelt op would silently keep nothing in PyTorch: say so, with the nearest names."""
+    import difflib
+
+    import torch
+
+    namespace, _, rest = name.partition("::")
+    packet_name, _, overload = rest.partition(".")
+    try:
+        packet = getattr(getattr(torch.ops, namespace), packet_name)
+        found = not overload or overload in packet.overloads()
+    except (AttributeError, RuntimeError):
+        found = False
+    if not found:
+        known = {n.split(".")[0] for n in torch._C._dispatch_get_all_op_names()}
+        close = difflib.get_close_matches(name.split(".")[0], known, n=3)
+        hint = f"; did you mean {', '.join(close)}?" if close else ""
+        raise OptionsError(f"{key}: there is no op {name!r} in this PyTorch{hint}")
+
+
+def _dynamic_shapes(key: str, value: Any) -> Mapping[int | str, Mapping[int, tuple[int, int, int]]] | None:
     if value is None:
         return None
-    hint = f"{key} must map input index -> {{dim: (min, opt, max)}}, e.g. {{0: {{0: (1, 8, 64)}}}}"
+    hint = (f"{key} must map an input (argument name or index) -> {{dim: (min, opt, max)}}, "
+            "e.g. {'x': {0: (1, 8, 64)}}")
     if not isinstance(value, Mapping):
         raise OptionsError(hint)
-    out: dict[int, dict[int, tuple[int, int, int]]] = {}
+    out: dict[int | str, dict[int, tuple[int, int, int]]] = {}
     for index, dims in value.items():
-        if not isinstance(index, int) or index < 0 or not isinstance(dims, Mapping):
+        named = isinstance(index, str) and index.isidentifier()
+        numbered = isinstance(index, int) and not isinstance(index, bool) and index >= 0
+        if not (named or numbered) or not isinstance(dims, Mapping):
             raise OptionsError(hint)
         out[index] = {}
         for dim, rng in dims.items():
             ok = (
-                isinstance(dim, int)
+                _is_int(dim)
                 and isinstance(rng, (tuple, list))
                 and len(rng) == 3
-                and all(isinstance(v, int) and not isinstance(v, bool) for v in rng)
-                and 0 <= rng[0] <= rng[1] <= rng[2]
+                and all(_is_int(v) for v in rng)
+                and 0 <= rng[0] <= rng[1] <= rng[2] <= MAX_DIM
             )
             if not ok:
-                raise OptionsError(f"{hint}; got {dim!r}: {rng!r} (need 0 <= min <= opt <= max)")
+                raise OptionsError(f"{hint}; got {dim!r}: {rng!r} (need 0 <= min <= opt <= max <= {MAX_DIM})")
             out[index][dim] = (rng[0], rng[1], rng[2])
     return out
 
@@ -203,7 +242,7 @@ _VALIDATORS: dict[str, Any] = {
     "dynamic_shapes_kernel_specialization_strategy": _choice(SPECIALIZATION_STRATEGIES),
     "cuda_graph_strategy": _choice(CUDA_GRAPH_STRATEGIES),
     "dynamic_shapes": _dynamic_shapes,
-    "default_max_dim": _int_at_least(1),
+    "default_max_dim": _int_at_least(1, MAX_DIM),
     "runtime_cache_path": _optional_path,
     "engine_cache_dir": _optional_path,
     "engine_cache_size_mb": _int_at_least(0),

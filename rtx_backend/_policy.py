@@ -2,8 +2,11 @@
 
 One table (`RULES`) keyed by op family, dtype, spatial rank and target compute capability.
 It is applied to the lowered ATen graph, so fused and decomposed ops are judged as what they
-are. The policy fails closed: a node whose dtype or shape is unknown stays in PyTorch. Every
-refusal is recorded as a `Reason` (rule, target, message) for `explain` and the logs.
+are (a `linear` arrives as `addmm`, an `einsum` as `bmm`, attention as the fused SDPA op). The
+same table judges each exported region's ONNX nodes (`_screen.py`), which catches what only
+becomes a GEMM or a convolution on export. The policy fails closed: a node whose dtype or
+shape is unknown stays in PyTorch. Every refusal is kept as a `Reason` (rule, target, message)
+for `explain` and the logs.
 """
 
 from __future__ import annotations
@@ -39,12 +42,12 @@ class Reason:
 
 @dataclasses.dataclass(frozen=True)
 class NodeFacts:
-    """What the policy needs to know about one ATen node."""
+    """What the policy needs to know about one node (ATen, or ONNX in the screen)."""
 
     family: str  # "gemm", "conv", "conv_transpose" or "other"
-    compute_dtype: torch.dtype  # dtype of the first tensor input (or the output)
+    input_dtypes: frozenset[torch.dtype]  # dtypes of the tensors the node reads
     dtypes: frozenset[torch.dtype]  # every tensor dtype the node reads or writes
-    spatial_rank: int | None  # convolutions only
+    spatial_rank: int | None  # convolutions only; None there means unknown
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,14 +66,15 @@ class Rule:
             return False
         if self.families is not None and facts.family not in self.families:
             return False
-        if self.spatial_ranks is not None and facts.spatial_rank not in self.spatial_ranks:
-            return False
+        if (self.spatial_ranks is not None and facts.spatial_rank is not None
+                and facts.spatial_rank not in self.spatial_ranks):
+            return False  # an unknown rank matches: fail closed
         if self.dtypes is None:
             return True
-        # Family rules judge the compute dtype (an FP16 GEMM accumulating in FP32 is FP16);
+        # Family rules judge the operands (an FP16 GEMM accumulating into FP32 is an FP16 GEMM);
         # dtype-only rules judge every tensor the node touches.
         if self.families is not None:
-            return facts.compute_dtype in self.dtypes
+            return bool(facts.input_dtypes & self.dtypes)
         return bool(facts.dtypes & self.dtypes)
 
 
@@ -81,7 +85,9 @@ def _dtypes(*names: str) -> frozenset[torch.dtype]:
 FP8 = _dtypes("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e8m0fnu")
 FP4 = _dtypes("float4_e2m1fn_x2")
 COMPLEX = _dtypes("complex32", "complex64", "complex128")
-TURING_AND_BELOW: Target = (8, 0)
+FP32 = _dtypes("float32")
+TURING_AND_BELOW: Target = (8, 0)  # rules with below=TURING_AND_BELOW hold for SM 7.5
+GEMM, CONV, CONV_TRANSPOSE = frozenset({"gemm"}), frozenset({"conv"}), frozenset({"conv_transpose"})
 
 RULES: tuple[Rule, ...] = (
     Rule("complex", "TensorRT-RTX has no complex dtypes", dtypes=COMPLEX),
@@ -89,30 +95,34 @@ RULES: tuple[Rule, ...] = (
     Rule("fp8", "FP8 needs SM 8.9 or newer", dtypes=FP8, below=(8, 9)),
     Rule("fp4", "FP4 needs SM 12.0 or newer", dtypes=FP4, below=(12, 0)),
     Rule("bf16-turing", "Turing has no bfloat16", dtypes=_dtypes("bfloat16"), below=TURING_AND_BELOW),
-    Rule(
-        "fp32-gemm-turing",
-        "TensorRT-RTX cannot run FP32 GEMMs on Turing",
-        families=frozenset({"gemm"}),
-        dtypes=_dtypes("float32"),
-        below=TURING_AND_BELOW,
-    ),
-    Rule(
-        "conv3d-turing",
-        "TensorRT-RTX cannot run forward 3D convolutions on Turing",
-        families=frozenset({"conv"}),
-        spatial_ranks=frozenset({3}),
-        below=TURING_AND_BELOW,
-    ),
+    # TensorRT-RTX 1.7's builder refuses these for SM 7.5 ("Cannot compile operation ... for
+    # Turing (SM75)"); 1.6 builds FP32 GEMMs with dynamic shapes that return zeros there.
+    Rule("fp32-gemm-turing", "TensorRT-RTX cannot run FP32 GEMMs on Turing",
+         families=GEMM, dtypes=FP32, below=TURING_AND_BELOW),
+    Rule("conv3d-turing", "TensorRT-RTX cannot run forward 3D convolutions on Turing",
+         families=CONV, spatial_ranks=frozenset({3}), below=TURING_AND_BELOW),
+    Rule("fp32-conv-transpose3d-turing", "TensorRT-RTX cannot run FP32 3D deconvolutions on Turing",
+         families=CONV_TRANSPOSE, dtypes=FP32, spatial_ranks=frozenset({3}), below=TURING_AND_BELOW),
 )
 
-# Op families by ATen op name (the packet, e.g. "mm"). Anything reaching a matrix multiply is a GEMM.
+# Op families by ATen op name (the packet, e.g. "mm"). Anything reaching a matrix multiply is a
+# GEMM, whatever backend-specific spelling the lowering picked (SDPA is
+# _scaled_dot_product_flash_attention_for_cpu on CPU, *_efficient_attention on CUDA, ...).
 _GEMM = re.compile(
     r"^(mm|bmm|addmm|addbmm|baddbmm|addmv|matmul|mv|dot|vdot|inner|linear|einsum|tensordot|"
-    r"_addmm_activation|_int_mm|_scaled_mm|_weight_int\w*mm\w*|"
-    r".*scaled_dot_product.*|.*_attention.*|_native_multi_head_attention|bilinear|_trilinear)$"
+    r"chain_matmul|linalg_multi_dot|_addmm_activation|_int_mm|_scaled_mm|_scaled_grouped_mm|"
+    r"_weight_int\w*mm\w*|mkldnn_linear|fbgemm_linear\w*|\w*scaled_dot_product\w*|\w*_attention\w*|"
+    r"_transformer_encoder_layer_fwd|bilinear|_trilinear|_euclidean_dist)$"
 )
-_CONV = re.compile(r"^(_?convolution|conv[123]d|cudnn_convolution|_conv_depthwise2d|mkldnn_convolution|"
-                   r"conv_tbc|_slow_conv2d_forward|slow_conv3d\w*|.*conv_transpose[123]d)$")
+_CONV_TRANSPOSE = re.compile(
+    r"^(conv_transpose[123]d|slow_conv_transpose[23]d|(cudnn|miopen|mkldnn)_convolution_transpose)$"
+)
+_CONV = re.compile(
+    r"^(_?convolution|convolution_overrideable|_convolution_mode|conv[123]d|conv_tbc|_conv_depthwise2d|"
+    r"conv_depthwise3d|(cudnn|miopen|mkldnn)(_depthwise)?_convolution|_nnpack_spatial_convolution|"
+    r"thnn_conv2d|_slow_conv2d_forward|slow_conv3d(_forward)?|slow_conv_dilated[23]d)$"
+)
+_CONVOLUTION_TRANSPOSED_ARG = 6  # aten.convolution(input, weight, bias, stride, padding, dilation, transposed, ...)
 CDIST_ROW_THRESHOLD = 25  # above this many rows, cdist's default compute_mode uses a GEMM
 
 
@@ -139,6 +149,17 @@ def op_names(target: Any) -> tuple[str, str]:
     return schema.name, overload
 
 
+def op_family(name: str) -> str:
+    """'gemm', 'conv', 'conv_transpose' or 'other' for an ATen op name without namespace."""
+    if _GEMM.match(name):
+        return "gemm"
+    if _CONV_TRANSPOSE.match(name):
+        return "conv_transpose"
+    if _CONV.match(name):
+        return "conv"
+    return "other"
+
+
 def _tensor_vals(values: Iterable[Any]) -> list[Any]:
     out = []
     for value in values:
@@ -159,12 +180,18 @@ def _arg_vals(node: Node) -> list[Any]:
     return vals
 
 
+def _arg(node: Node, index: int, name: str, default: Any) -> Any:
+    return node.args[index] if len(node.args) > index else node.kwargs.get(name, default)
+
+
 def _is_cdist_gemm(node: Node, inputs: list[Any]) -> bool:
-    """cdist with p=2 computes through a GEMM (compute_mode 1, or 0/None above 25 rows)."""
-    p = node.args[2] if len(node.args) > 2 else node.kwargs.get("p", 2.0)
-    mode = node.args[3] if len(node.args) > 3 else node.kwargs.get("compute_mode")
-    if p != 2:
+    """cdist with p=2 computes through a GEMM (compute_mode 1, or 0/None above 25 rows).
+
+    The lowering decomposes cdist, so this only judges graphs lowered without our table.
+    """
+    if _arg(node, 2, "p", 2.0) != 2:
         return False
+    mode = _arg(node, 3, "compute_mode", None)
     if mode == 1:
         return True
     if mode == 2:
@@ -189,26 +216,38 @@ def node_facts(node: Node) -> NodeFacts | Reason:
         return Reason("unknown-metadata", "output dtype/shape unknown or not a tensor (fail closed)")
     if any(_data_dependent(t) for t in outputs):
         return Reason("data-dependent-shape", "output shape depends on tensor values")
+    if node.target is operator.getitem:  # judged by what it selects; its producer is judged itself
+        return NodeFacts("other", frozenset(), frozenset(t.dtype for t in outputs), None)
     raw_inputs = _arg_vals(node)
     if any(v is None for v in raw_inputs):
         return Reason("unknown-metadata", "an input's dtype/shape is unknown (fail closed)")
     inputs = _tensor_vals(raw_inputs)
-    dtypes = frozenset(t.dtype for t in inputs + outputs)
-    compute_dtype = (inputs or outputs)[0].dtype
+    input_dtypes = frozenset(t.dtype for t in inputs)
+    dtypes = input_dtypes | frozenset(t.dtype for t in outputs)
     name = node.target._schema.name.split("::")[-1]  # type: ignore[union-attr]
-    family, rank = "other", None
-    if name in ("cdist", "_cdist_forward", "_euclidean_dist"):
-        family = "gemm" if name == "_euclidean_dist" or _is_cdist_gemm(node, inputs) else "other"
-    elif _GEMM.match(name):
-        family = "gemm"
-    elif _CONV.match(name):
-        transposed = "transpose" in name or (
-            name in ("convolution", "_convolution") and len(node.args) > 6 and bool(node.args[6])
-        )
+    family, rank = op_family(name), None
+    if name in ("cdist", "_cdist_forward"):
+        family = "gemm" if _is_cdist_gemm(node, inputs) else "other"
+    elif family in ("conv", "conv_transpose"):
+        if name in ("convolution", "_convolution", "convolution_overrideable") and bool(
+            _arg(node, _CONVOLUTION_TRANSPOSED_ARG, "transposed", False)
+        ):
+            family = "conv_transpose"
         weight = inputs[1] if len(inputs) > 1 else inputs[0]
-        rank = weight.dim() - 2
-        family = "conv_transpose" if transposed else "conv"
-    return NodeFacts(family, compute_dtype, dtypes, rank)
+        rank = weight.dim() - 2 if name != "conv_tbc" else 1
+    return NodeFacts(family, input_dtypes, dtypes, rank)
+
+
+def first_match(
+    facts: NodeFacts, targets: Iterable[Target | None], rules: Iterable[Rule]
+) -> tuple[Rule, Target | None] | None:
+    """The first rule refusing a node with these facts on one of the targets, with that target."""
+    rules = tuple(rules)
+    for target in targets:
+        for rule in rules:
+            if rule.matches(facts, target):
+                return rule, target
+    return None
 
 
 def exporter_registry() -> Any:
@@ -217,15 +256,26 @@ def exporter_registry() -> Any:
 
 @functools.cache
 def _registry() -> Any:
+    import logging
+
     from torch.onnx._internal.exporter import _registration
 
-    return _registration.ONNXRegistry.from_torchlib()
+    # Without torchvision, building the registry logs four "torchvision is not installed.
+    # Skipping torchvision::nms"-style WARNINGs: not a problem of the user's compile, so hushed.
+    quiet = logging.getLogger(_registration.__name__)
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)
+    try:
+        return _registration.ONNXRegistry.from_torchlib()
+    finally:
+        quiet.setLevel(level)
 
 
 class CapabilitySupport(OperatorSupportBase):
     """OperatorSupport for the partitioner: the policy table for the given targets.
 
-    `reasons` maps node name -> Reason for every refused node (kept for reports).
+    `refused` names nodes already known to stay in PyTorch (from the ONNX screen of an earlier
+    partition), with their reasons. `reasons` maps node name -> Reason for every refused node.
     """
 
     def __init__(
@@ -234,11 +284,13 @@ class CapabilitySupport(OperatorSupportBase):
         torch_executed_ops: frozenset[str] = frozenset(),
         rules: tuple[Rule, ...] = RULES,
         extra_checks: tuple[Callable[[Node], Reason | None], ...] = (),
+        refused: Mapping[str, Reason] | None = None,
     ) -> None:
         self.targets = targets
         self.torch_executed_ops = torch_executed_ops
         self.rules = rules
         self.extra_checks = extra_checks
+        self.refused = dict(refused or {})
         self.reasons: dict[str, Reason] = {}
 
     def is_node_supported(self, submodules: Mapping[str, torch.nn.Module], node: Node) -> bool:
@@ -251,28 +303,30 @@ class CapabilitySupport(OperatorSupportBase):
 
     def judge(self, node: Node) -> Reason | None:
         """None if TensorRT-RTX can serve the node on every target, else why not."""
+        if node.name in self.refused:
+            return self.refused[node.name]
         if node.op != "call_function":
             return Reason("not-an-op", f"{node.op} nodes are not lowered")
         if node.target is operator.getitem:
-            if _tensor_vals([node.meta.get("val")]):
-                return None
-            return Reason("unknown-metadata", "getitem of a non-tensor value")
-        if not isinstance(node.target, torch._ops.OpOverload):
+            overload = "getitem"
+        elif not isinstance(node.target, torch._ops.OpOverload):
             return Reason("not-aten", f"{getattr(node.target, '__name__', node.target)} is not an ATen op")
-        packet, overload = op_names(node.target)
-        if packet in self.torch_executed_ops or overload in self.torch_executed_ops:
-            return Reason("torch_executed_ops", f"{overload} is listed in torch_executed_ops")
-        if node.target._schema.is_mutable:
-            return Reason("mutation", f"{overload} mutates its inputs")
-        if not exporter_registry().is_registered(node.target):
-            return Reason("not-exportable", f"the ONNX exporter has no translation for {overload}")
+        else:
+            packet, overload = op_names(node.target)
+            if packet in self.torch_executed_ops or overload in self.torch_executed_ops:
+                return Reason("torch_executed_ops", f"{overload} is listed in torch_executed_ops")
+            if node.target._schema.is_mutable:
+                return Reason("mutation", f"{overload} mutates its inputs")
+            if not exporter_registry().is_registered(node.target):
+                return Reason("not-exportable", f"the ONNX exporter has no translation for {overload}")
         facts = node_facts(node)
         if isinstance(facts, Reason):
             return facts
-        for target in self.targets or (None,):
-            for rule in self.rules:
-                if rule.matches(facts, target):
-                    return Reason(rule.name, f"{rule.message} ({overload}, {facts.compute_dtype})", target)
+        match = first_match(facts, self.targets or (None,), self.rules)
+        if match is not None:
+            rule, target = match
+            dtypes = ", ".join(sorted(str(d).removeprefix("torch.") for d in facts.dtypes))
+            return Reason(rule.name, f"{rule.message} ({overload}, {dtypes})", target)
         for check in self.extra_checks:
             reason = check(node)
             if reason is not None:

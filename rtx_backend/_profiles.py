@@ -1,45 +1,74 @@
 """Optimization profiles: (min, opt, max) per dynamic dimension of each engine input.
 
-Ranges come from, in order: the `dynamic_shapes` option (per graph input and dim), Dynamo's
-own constraints (mark_dynamic min/max), else [1, default_max_dim] with the example as opt.
-Static inputs get no profile at all.
+Ranges come from, in order: the `dynamic_shapes` option (per model input and dim), Dynamo's
+own constraints (mark_dynamic min/max, guards), else [1, default_max_dim]; opt is the example
+Dynamo compiled with. Static inputs get no profile at all.
+
+A profile is a guess about future calls: an unbounded dimension was capped at default_max_dim,
+and a `dynamic_shapes` range is whatever the user declared (Dynamo does not guard it). So a
+region checks every call against its engine's profile, and a call outside it gets an engine
+built for a widened profile (`EngineProfile.fit`) rather than a failed or wrong execution.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import logging
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
+from . import _stats
 from ._engine import Profile
+from ._errors import BuildError
 from ._onnx_bridge import TensorSpec
 from ._options import Options
+
+log = logging.getLogger("rtx_backend")
 
 Range = tuple[int, int, int]
 
 
-def symbol_overrides(
-    graph_inputs: Sequence[object], options: Options
-) -> dict[str, Range]:
-    """Map the `dynamic_shapes` option (graph input index -> dim -> range) onto symbol names."""
-    import torch
+def symbol_overrides(gm: Any, options: Options) -> dict[str, Range]:
+    """Map the `dynamic_shapes` option onto the symbols of Dynamo's graph `gm`.
 
+    Keys of the option are model inputs: an int is the position among the graph's tensor inputs
+    that are not parameters or buffers (in the order Dynamo passes them: the order in which the
+    model first reads them), a str is the argument's name. Dims that Dynamo made static have no
+    symbol and are skipped (with a debug message): Dynamo guards them, so no range can apply.
+    """
+    import torch
+    from torch._dynamo.source import LocalSource
+
+    if not options.dynamic_shapes:
+        return {}
+    inputs: list[tuple[str | None, Any]] = []  # (argument name, fake tensor) of each model input
+    for node in gm.graph.nodes:
+        if node.op != "placeholder":
+            continue
+        val = node.meta.get("example_value")
+        source = getattr(node.meta.get("grapharg"), "source", None)
+        if isinstance(val, torch.Tensor) and isinstance(source, LocalSource):
+            inputs.append((source.local_name, val))
     out: dict[str, Range] = {}
-    for index, dims in (options.dynamic_shapes or {}).items():
-        if index >= len(graph_inputs):
+    for key, dims in options.dynamic_shapes.items():
+        matches = [v for i, (name, v) in enumerate(inputs) if key in (i, name)]
+        if not matches:
+            log.warning("trtrtx: dynamic_shapes names input %r, which this graph does not take", key)
             continue
-        val = graph_inputs[index]
-        if not isinstance(val, torch.Tensor):
-            continue
+        val = matches[0]
         for dim, rng in dims.items():
-            if -val.dim() <= dim < val.dim():
-                size = val.shape[dim]
-                if isinstance(size, torch.SymInt) and not size.node.expr.is_number:
-                    out[str(size.node.expr).replace(" ", "")] = rng
+            size = val.shape[dim] if -val.dim() <= dim < val.dim() else None
+            if isinstance(size, torch.SymInt) and not size.node.expr.is_number:
+                out[str(size.node.expr).replace(" ", "")] = rng
+            else:
+                log.debug("trtrtx: dynamic_shapes[%r][%r]: that dimension is static here", key, dim)
     return out
 
 
 def dim_range(
     spec: TensorSpec, axis: int, overrides: Mapping[str, Range], default_max: int
 ) -> Range:
+    """(min, opt, max) of one dynamic dimension; always contains the example size."""
     name = spec.shape[axis]
     hint = spec.hint[axis]
     if isinstance(name, str) and name in overrides:
@@ -54,6 +83,7 @@ def dim_range(
 def make_profile(
     inputs: Sequence[TensorSpec], overrides: Mapping[str, Range], options: Options
 ) -> Profile:
+    """The optimization profile of a region's engine; {} (no profile) for a static region."""
     if not any(s.dynamic for s in inputs):
         return {}
     profile: Profile = {}
@@ -85,13 +115,64 @@ def contains(profile: Profile, shapes: Mapping[str, tuple[int, ...]]) -> bool:
 
 
 def widen(profile: Profile, shapes: Mapping[str, tuple[int, ...]]) -> Profile:
-    """The smallest profile containing both `profile` and `shapes` (opt unchanged)."""
+    """A profile containing both `profile` and `shapes` (opt unchanged).
+
+    A bound that a shape crosses moves at least by a factor of 2 (max doubles, min halves), so a
+    sequence length that grows call after call costs a logarithmic number of rebuilds, not one
+    per call.
+    """
     out: Profile = {}
     for name, (lo, opt, hi) in profile.items():
         shape = shapes.get(name, lo)
         out[name] = (
-            tuple(min(a, s) for a, s in zip(lo, shape)),
+            tuple(a if s >= a else min(s, max(a // 2, 1)) for a, s in zip(lo, shape)),
             opt,
-            tuple(max(b, s) for b, s in zip(hi, shape)),
+            tuple(b if s <= b else max(s, 2 * b) for b, s in zip(hi, shape)),
         )
     return out
+
+
+class EngineProfile:
+    """The profile of a region's engine, and the way to build the engine for a wider one.
+
+    `build` turns a profile into serialized engine bytes (raising BuildError); the backend gives
+    one bound to the region's ONNX model and targets. A widened build that fails is not retried:
+    later calls outside the profile get the same error at once, and the region runs them in
+    PyTorch.
+    """
+
+    def __init__(self, profile: Profile, build: Callable[[Profile], bytes]) -> None:
+        self.profile = profile
+        self.build = build
+        self.failure: BuildError | None = None
+        self.lock = threading.Lock()
+
+    def fit(self, shapes: Mapping[str, tuple[int, ...]]) -> bytes | None:
+        """None when `shapes` lie in the profile; else the engine for a widened profile, which
+        becomes this profile. Raises BuildError when that engine cannot be built."""
+        if contains(self.profile, shapes):
+            return None
+        with self.lock:
+            if contains(self.profile, shapes):  # another thread widened it meanwhile
+                return None
+            if self.failure is not None:
+                raise self.failure
+            wider = widen(self.profile, shapes)
+            log.warning(
+                "trtrtx: input shapes %s fall outside the engine's optimization profile %s; "
+                "building an engine for %s (set the dynamic_shapes option to avoid this)",
+                dict(shapes), _describe(self.profile), _describe(wider),
+            )
+            try:
+                engine = self.build(wider)
+            except BuildError as exc:
+                self.failure = exc
+                raise
+            _stats.count("engine_builds")
+            _stats.count("engine_rebuilds")
+            self.profile = wider
+            return engine
+
+
+def _describe(profile: Profile) -> str:
+    return ", ".join(f"{name}: min {lo} max {hi}" for name, (lo, _opt, hi) in profile.items())

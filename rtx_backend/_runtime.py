@@ -11,8 +11,11 @@ from typing import Any
 
 import torch
 
+from ._errors import RtxBackendError
 from ._executors import OrtExecutor, TorchExecutor, TrtExecutor
 from ._onnx_bridge import OnnxRegion
+from ._profiles import EngineProfile
+from ._validation import first_call
 
 log = logging.getLogger("rtx_backend")
 
@@ -27,6 +30,9 @@ class RegionModule(torch.nn.Module):
         onnx_region: OnnxRegion | None,
         engine: bytes | None,
         executor: TrtExecutor | OrtExecutor | TorchExecutor,
+        *,
+        validate: bool = True,
+        profile: EngineProfile | None = None,
     ) -> None:
         super().__init__()
         self.name = name
@@ -34,6 +40,10 @@ class RegionModule(torch.nn.Module):
         self.onnx = onnx_region
         self.engine = engine
         self.executor = executor
+        self.validate = validate  # first-call check of each executor against PyTorch (_validation.py)
+        self.validated_executor: object = None
+        self.profile = profile  # the engine's optimization profile, widened on demand
+        self.widen_failed = False
 
     @property
     def kind(self) -> str:
@@ -45,7 +55,40 @@ class RegionModule(torch.nn.Module):
             return tuple(executor.run_args(args))
         assert self.onnx is not None
         tensors = [args[i] for i in self.onnx.tensor_args]
-        return tuple(executor(tensors))
+        if self.profile is not None and not self.fit_profile(tensors):
+            return tuple(self.graph_module(*args))  # no engine for these shapes: PyTorch runs them
+        runner = self.executor  # fit_profile may have swapped in an engine for a wider profile
+        assert not isinstance(runner, TorchExecutor)
+        outputs = tuple(runner(tensors))
+        if self.validate and self.validated_executor is not runner:
+            outputs = first_call(self, args, outputs)
+        return outputs
+
+    def fit_profile(self, tensors: list[torch.Tensor]) -> bool:
+        """Whether the executor can run these shapes, after building an engine for a widened
+        profile when they fall outside the engine's (the new engine replaces the old one).
+
+        False only when TensorRT-RTX runs the region and no wider engine could be built; ONNX
+        Runtime runs any shape of its dynamic model, so it goes on regardless.
+        """
+        assert self.profile is not None and self.onnx is not None
+        shapes = {s.name: tuple(t.shape) for s, t in zip(self.onnx.inputs, tensors)}
+        try:
+            engine = self.profile.fit(shapes)
+            if engine is not None:
+                self.engine = engine
+                if isinstance(self.executor, TrtExecutor):
+                    old = self.executor
+                    self.executor = TrtExecutor(engine, self.onnx, old.options, old.name)
+        except RtxBackendError as exc:
+            if not self.widen_failed:
+                self.widen_failed = True
+                log.warning(
+                    "trtrtx: region %s: no engine for input shapes %s (%s); such calls run in %s",
+                    self.name, shapes, exc, "PyTorch" if isinstance(self.executor, TrtExecutor) else self.kind,
+                )
+            return not isinstance(self.executor, TrtExecutor)
+        return True
 
     def extra_repr(self) -> str:
         return f"{self.name}: {self.kind}"

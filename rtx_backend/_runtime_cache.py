@@ -1,26 +1,184 @@
-"""TensorRT-RTX's runtime cache (JIT-compiled kernels), shared by the engines of a process.
+"""TensorRT-RTX's runtime cache (its JIT-compiled kernels), persisted across processes.
 
-attach(config, options) gives a runtime config the process-wide cache object for its path and
-returns it; the caller keeps that reference while the config lives.
+TensorRT-RTX compiles specialised kernels when an engine first runs; the runtime cache keeps
+that work, so a warm start skips it. One cache object per file is shared by every engine of
+the process. It is loaded when the first runtime config asks for it and saved when an engine's
+executor is released, at interpreter exit, and by `save_runtime_cache()`; an unchanged cache is
+not rewritten.
+
+The default file name carries the TensorRT-RTX version and the GPU, so a cache from another
+version or GPU is never even tried. A file that TensorRT-RTX still rejects (driver update,
+corruption), an unreadable file or an unwritable directory is a warning: the cache starts
+empty or stays in memory, and inference never fails because of it.
 """
 
 from __future__ import annotations
 
+import atexit
+import hashlib
+import logging
+import os
+import re
 import threading
+import weakref
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
-from ._options import Options
+from . import _files, _stats, _trt
+from ._options import Options, default_cache_root
+
+log = logging.getLogger("rtx_backend")
 
 _LOCK = threading.Lock()
-_CACHES: dict[str, Any] = {}
+_CACHES: dict[str, RuntimeCache] = {}  # file path, or "memory:<gpu>" -> the process's cache
+_WARNED: set[str] = set()
+_ATEXIT_REGISTERED = False
 
 
-def attach(config: Any, options: Options) -> Any:
-    key = options.runtime_cache_path or ""
+class RuntimeCache:
+    """One TensorRT-RTX IRuntimeCache and the file it persists to (None: memory only)."""
+
+    def __init__(self, cache: Any, path: Path | None) -> None:
+        self.cache = cache  # referenced here for as long as any runtime config may use it
+        self.path = path
+        self.lock = threading.Lock()
+        self.saved_digest: bytes | None = None  # what the file holds, as far as we know
+
+    def load(self, fresh: Callable[[], Any]) -> None:
+        """Fill the cache from its file; on any problem keep (or make) an empty one and warn."""
+        if self.path is None:
+            return
+        try:
+            data = _files.read_bytes(self.path)
+        except OSError as exc:
+            _warn(f"trtrtx: cannot read the runtime cache {self.path} ({exc}); starting with an empty cache")
+            return
+        if data is None:
+            log.debug("trtrtx: no runtime cache at %s yet", self.path)
+            return
+        try:
+            ok = bool(data) and self.cache.deserialize(data) is not False
+        except Exception as exc:  # a binding that raises instead of returning False
+            log.debug("trtrtx: runtime cache deserialize raised %s", exc)
+            ok = False
+        if not ok:
+            _warn(
+                f"trtrtx: the runtime cache {self.path} is empty, corrupt, or from another TensorRT-RTX "
+                "version, GPU or driver; starting with an empty cache (the file is replaced at the next save)"
+            )
+            self.cache = fresh()  # a failed deserialize may leave partial state behind
+            return
+        self.saved_digest = hashlib.sha256(data).digest()
+        _stats.count("runtime_cache_loads")
+        log.info("trtrtx: loaded the runtime cache %s (%d bytes)", self.path, len(data))
+
+    def save(self) -> bool:
+        """Write the cache to its file when it changed; False (with one warning) when it cannot."""
+        if self.path is None:
+            return False
+        try:
+            with self.lock:
+                blob = self.cache.serialize()
+                data = bytes(blob) if blob is not None else b""
+            if not data:
+                return False
+            digest = hashlib.sha256(data).digest()
+            if digest == self.saved_digest:
+                return True
+            _files.atomic_write(self.path, [data])
+        except Exception as exc:  # OSError, filelock.Timeout, a TensorRT-RTX error: never fatal
+            _warn(f"trtrtx: could not save the runtime cache to {self.path} ({exc}); it stays in memory")
+            return False
+        self.saved_digest = digest
+        _stats.count("runtime_cache_saves")
+        log.debug("trtrtx: saved the runtime cache %s (%d bytes)", self.path, len(data))
+        return True
+
+
+def attach(config: Any, options: Options) -> RuntimeCache | None:
+    """Give a runtime config the process's cache for `options.runtime_cache_path`.
+
+    The caller keeps the returned object for as long as the config (and contexts made from it)
+    live. None, with a warning, when TensorRT-RTX does not take the cache: inference goes on.
+    """
+    try:
+        path = resolve_path(options.runtime_cache_path)
+        key = str(path) if path is not None else f"memory:{gpu_identity()}"
+        with _LOCK:
+            entry = _CACHES.get(key)
+            if entry is None:
+                entry = RuntimeCache(config.create_runtime_cache(), path)
+                entry.load(config.create_runtime_cache)
+                _CACHES[key] = entry
+                if path is not None:
+                    _register_atexit()
+        if config.set_runtime_cache(entry.cache) is False:
+            raise RuntimeError("set_runtime_cache returned False")
+    except Exception as exc:
+        _warn(f"trtrtx: TensorRT-RTX's runtime cache is not used ({exc}); kernels are compiled on each start")
+        return None
+    return entry
+
+
+def save_on_release(owner: object, entry: RuntimeCache | None) -> None:
+    """Save `entry` when `owner` (an engine's executor) is garbage collected."""
+    if entry is not None and entry.path is not None:
+        weakref.finalize(owner, entry.save)
+
+
+def save_runtime_cache() -> list[Path]:
+    """Write every runtime cache of this process to its file now.
+
+    Caches are also saved when a compiled model is released and at interpreter exit; call this
+    to persist the JIT work earlier (say, after a warm-up). Returns the files that now hold the
+    process's caches; a file that could not be written is left out, with a warning.
+    """
     with _LOCK:
-        cache = _CACHES.get(key)
-        if cache is None:
-            cache = config.create_runtime_cache()
-            _CACHES[key] = cache
-    config.set_runtime_cache(cache)
-    return cache
+        entries = list(_CACHES.values())
+    return [e.path for e in entries if e.path is not None and e.save()]
+
+
+def resolve_path(option: str | None) -> Path | None:
+    """The cache file for the `runtime_cache_path` option; None keeps the cache in memory."""
+    if option == "":
+        return None
+    if option is None:
+        return default_cache_root() / "runtime" / default_file_name()
+    path = Path(option).expanduser()
+    if path.is_dir() or option.endswith(("/", os.sep)):
+        return path / default_file_name()
+    return path
+
+
+def default_file_name() -> str:
+    name, (major, minor) = gpu_identity_parts()
+    slug = re.sub(r"[^A-Za-z0-9.]+", "_", name).strip("_") or "gpu"
+    return f"tensorrt_rtx-{_trt.version()}-{slug}-sm{major}{minor}.bin"
+
+
+def gpu_identity_parts() -> tuple[str, tuple[int, int]]:
+    """The current CUDA device's name and compute capability."""
+    import torch
+
+    index = torch.cuda.current_device()
+    major, minor = torch.cuda.get_device_capability(index)
+    return torch.cuda.get_device_name(index), (major, minor)
+
+
+def gpu_identity() -> str:
+    name, (major, minor) = gpu_identity_parts()
+    return f"{name} sm{major}{minor}"
+
+
+def _register_atexit() -> None:
+    global _ATEXIT_REGISTERED
+    if not _ATEXIT_REGISTERED:
+        _ATEXIT_REGISTERED = True
+        atexit.register(save_runtime_cache)
+
+
+def _warn(message: str) -> None:
+    if message not in _WARNED:
+        _WARNED.add(message)
+        log.warning(message)

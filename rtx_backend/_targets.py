@@ -29,9 +29,10 @@ def check_buildable(targets: tuple[Target, ...]) -> None:
     bad = [t for t in targets if t not in supported]
     if bad:
         names = ", ".join(f"({a}, {b})" for a, b in supported)
+        who = (f"the installed TensorRT-RTX {_trt.version()}" if _trt.available()
+               else "TensorRT-RTX (not importable here; checked against the 1.7 list)")
         raise TargetError(
-            f"target_compute_capabilities {bad} cannot be built by the installed TensorRT-RTX; "
-            f"it builds for: {names}"
+            f"target_compute_capabilities {bad} cannot be built by {who}; it builds for: {names}"
         )
 
 

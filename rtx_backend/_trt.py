@@ -16,32 +16,49 @@ from ._errors import RuntimeUnavailableError
 SUPPORTED_VERSIONS = ((1, 4), (1, 7))  # inclusive range of major.minor we build against
 
 
-@functools.cache
 def trt() -> ModuleType:
     """The `tensorrt_rtx` module; raises a clear error when it is missing or too old."""
-    try:
-        import tensorrt_rtx as module
-    except Exception as exc:  # ImportError, or a broken shared library
-        raise RuntimeUnavailableError(
-            f"TensorRT-RTX is not importable ({exc}). Install it with "
-            "`pip install tensorrt-rtx`, or use options={'runtime': 'onnxruntime'}."
-        ) from exc
-    major_minor = version_tuple(module.__version__)[:2]
-    lo, hi = SUPPORTED_VERSIONS
-    if not lo <= major_minor <= hi:
-        raise RuntimeUnavailableError(
-            f"TensorRT-RTX {module.__version__} is not supported; rtx_backend needs "
-            f"{lo[0]}.{lo[1]} to {hi[0]}.{hi[1]}."
-        )
+    module, why = _load()
+    if module is None:
+        raise RuntimeUnavailableError(why)
     return module
 
 
-def available() -> bool:
+@functools.cache
+def _load() -> tuple[ModuleType | None, str]:
+    """The module, or None and why not. Cached either way: a failed import is not retried per call."""
     try:
-        trt()
-    except RuntimeUnavailableError:
-        return False
-    return True
+        import tensorrt_rtx as module
+    except Exception as exc:  # ImportError, or a broken shared library
+        return None, (
+            f"TensorRT-RTX is not importable ({type(exc).__name__}: {exc}). Install it with "
+            "`pip install tensorrt-rtx`, or use options={'runtime': 'onnxruntime'}."
+        )
+    text = str(getattr(module, "__version__", "unknown"))
+    lo, hi = SUPPORTED_VERSIONS
+    if not lo <= version_tuple(text)[:2] <= hi:
+        return None, (
+            f"TensorRT-RTX {text} is not supported; rtx_backend needs {lo[0]}.{lo[1]} to "
+            f"{hi[0]}.{hi[1]} (`pip install 'tensorrt-rtx>={lo[0]}.{lo[1]},<{hi[0]}.{hi[1] + 1}'`), "
+            "or use options={'runtime': 'onnxruntime'}."
+        )
+    return module, ""
+
+
+def unavailable_reason() -> str | None:
+    """Why TensorRT-RTX cannot be used here (missing, broken, unsupported version), or None."""
+    module, why = _load()
+    return None if module is not None else why
+
+
+def available() -> bool:
+    return unavailable_reason() is None
+
+
+def reset() -> None:
+    """Forget the import result (tests that simulate a missing or old TensorRT-RTX)."""
+    _load.cache_clear()
+    logger.cache_clear()
 
 
 def version_tuple(text: str) -> tuple[int, ...]:

@@ -24,3 +24,9 @@ def compile_and_run(model: torch.nn.Module, *inputs: torch.Tensor, **options: An
 def regions() -> list[RegionModule]:
     """The region modules of the last `compile_and_run`, in order."""
     return [r for g in _LAST for r in g.regions]
+
+
+def backend_error(exc: BaseException) -> BaseException:
+    """The backend's own exception inside Dynamo's BackendCompilerFailed wrapper (or `exc` itself)."""
+    inner = getattr(exc, "inner_exception", None)
+    return inner if isinstance(inner, BaseException) else exc

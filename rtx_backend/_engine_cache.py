@@ -1,0 +1,341 @@
+"""Engine cache: built engines on disk, reused by any later compile in any process.
+
+The key is a SHA-256 of everything that changes an engine: the region's graph (its code, its
+inputs' dtypes and shapes, the bytes of its frozen weights), the optimization profile, the
+declared targets (or, with none declared, the current GPU), the TensorRT-RTX, torch and
+exporter versions, and the options that matter. With declared targets nothing in the key
+depends on the build machine, so an engine built on a laptop without a GPU is a hit on the RTX
+GPU it was built for.
+
+An entry holds the engine, the region's ONNX model and the region's metadata, so a hit skips
+the export as well as the build. It is one file, `<key>.engine`, so that one rename publishes
+all of it: MAGIC, the header length (8 bytes, little endian), a JSON header (the key and its
+fields, the region metadata, sizes and SHA-256 of the payloads), the ONNX bytes, the engine
+bytes. A file that fails any check is a warning, a rebuild and an overwrite; a stale entry is
+never served (the stored key and input specs are compared with the wanted ones).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import re
+from collections.abc import Sequence
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import filelock
+import torch
+
+from . import _files, _stats, _targets, _trt
+from ._engine import Profile
+from ._onnx_bridge import OnnxRegion, TensorSpec
+from ._options import Options
+
+log = logging.getLogger("rtx_backend")
+
+FORMAT = 1
+MAGIC = b"TRTRTX-ENGINE-CACHE\n"
+SUFFIX = ".engine"
+_DEVICE = re.compile(r"device\(type='\w+'(, index=\d+)?\)")
+
+
+@dataclasses.dataclass(frozen=True)
+class Entry:
+    """What a hit gives back: everything compile_region would otherwise export and build."""
+
+    region: OnnxRegion
+    engine: bytes
+    profile: Profile
+
+
+@dataclasses.dataclass(frozen=True)
+class Key:
+    """An entry's name (the SHA-256 of `fields`) and the fields, stored in the entry for checks."""
+
+    name: str
+    fields: dict[str, Any]
+
+
+class CorruptEntry(Exception):
+    """An entry file failed a check (internal: it becomes a warning and a rebuild)."""
+
+
+# ---- the key -----------------------------------------------------------------------------------
+
+
+def graph_digest(gm: torch.fx.GraphModule) -> str | None:
+    """SHA-256 of a region graph: its code, its inputs and its constants' bytes.
+
+    None when the graph holds something whose content cannot be hashed (a submodule call, a
+    tensor without data): such a region is not cached rather than risk a stale hit.
+    """
+    h = hashlib.sha256()
+    h.update(_DEVICE.sub("device(...)", gm.code).encode())  # engines do not depend on the device
+    for node in gm.graph.nodes:
+        if node.op == "call_module":
+            return None
+        if node.op == "placeholder":
+            h.update(repr((node.name, _describe(node.meta.get("val")))).encode())
+        elif node.op == "get_attr":
+            value = _fetch_attr(gm, str(node.target))
+            if not isinstance(value, torch.Tensor):
+                return None
+            data = _tensor_bytes(value)
+            if data is None:
+                return None
+            h.update(repr((node.target, str(value.dtype), tuple(value.shape))).encode())
+            h.update(data)
+    return h.hexdigest()
+
+
+def key_fields(digest: str, profile: Profile, options: Options) -> dict[str, Any]:
+    """Everything besides the graph that changes the engine, as JSON-able values."""
+    targets = options.target_compute_capabilities
+    return {
+        "format": FORMAT,
+        "graph": digest,
+        "profile": {name: [list(lo), list(opt), list(hi)] for name, (lo, opt, hi) in sorted(profile.items())},
+        "targets": [list(t) for t in targets] if targets is not None else {"current": current_gpu()},
+        "tensorrt_rtx": _trt.version(),
+        "software": {
+            "torch": torch.__version__.split("+")[0],
+            "onnxscript": _version("onnxscript"),
+            "trtrtx": _version("trtrtx"),
+        },
+        "options": options.cache_key_fields(),
+    }
+
+
+def make_key(fields: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(fields, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def current_gpu() -> list[Any]:
+    """The GPU that ComputeCapability.CURRENT builds for: its capability and name."""
+    capability = _targets.current_capability()
+    name = torch.cuda.get_device_name() if capability is not None else None
+    return [list(capability) if capability else None, name]
+
+
+# ---- the cache ---------------------------------------------------------------------------------
+
+
+class EngineCache:
+    """A directory of entries with a size limit; least recently used entries go first."""
+
+    def __init__(self, directory: Path, size_limit: int) -> None:
+        self.directory = directory
+        self.size_limit = size_limit
+
+    @classmethod
+    def for_options(cls, options: Options) -> EngineCache | None:
+        directory = options.engine_cache_path
+        return None if directory is None else cls(directory, options.engine_cache_size_mb * 2**20)
+
+    def key(self, gm: torch.fx.GraphModule, profile: Profile, options: Options) -> Key | None:
+        """The key of the engine for region graph `gm` (before export edits it); None: not cacheable."""
+        digest = graph_digest(gm)
+        if digest is None:
+            return None
+        fields = key_fields(digest, profile, options)
+        return Key(make_key(fields), fields)
+
+    def path(self, key: Key) -> Path:
+        return self.directory / f"{key.name}{SUFFIX}"
+
+    def load(self, key: Key, inputs: Sequence[TensorSpec] | None = None) -> Entry | None:
+        """The entry for `key`, or None (a miss; unusable files are a warning)."""
+        path = self.path(key)
+        entry = None
+        try:
+            data = _files.read_bytes(path)
+            if data is not None:
+                entry = decode(data, key)
+                if inputs is not None and entry.region.inputs != tuple(inputs):
+                    raise CorruptEntry("its input specs differ from this region's")
+        except (OSError, CorruptEntry) as exc:
+            log.warning("trtrtx: engine cache entry %s is unusable (%s); building the engine again", path, exc)
+            entry = None
+        if entry is None:
+            _stats.count("engine_cache_misses")
+            return None
+        _stats.count("engine_cache_hits")
+        with contextlib.suppress(OSError):
+            os.utime(path)  # least recently used = oldest mtime
+        log.info("trtrtx: engine cache hit %s", path.name)
+        return entry
+
+    def store(self, key: Key, entry: Entry) -> bool:
+        """Write an entry (atomically, under the directory's lock) and evict beyond the limit."""
+        path = self.path(key)
+        try:
+            chunks = encode(key, entry)
+        except (TypeError, ValueError) as exc:
+            log.warning("trtrtx: this engine is not cached (%s)", exc)
+            return False
+        size = sum(len(c) for c in chunks)
+        if size > self.size_limit:
+            log.info("trtrtx: an engine of %d MB exceeds engine_cache_size_mb; not cached", size >> 20)
+            return False
+        lock = self.directory / ".lock"
+        try:
+            _files.atomic_write(path, chunks, lock=lock)
+        except OSError as exc:
+            log.warning("trtrtx: cannot write to the engine cache %s (%s); engines are not cached", self.directory, exc)
+            return False
+        try:
+            self.evict(keep=path, lock=lock)
+        except OSError as exc:
+            log.warning("trtrtx: engine cache eviction in %s failed (%s)", self.directory, exc)
+        return True
+
+    def evict(self, keep: Path, lock: Path) -> None:
+        """Remove the least recently used entries until the directory fits the size limit."""
+        with filelock.FileLock(str(lock), timeout=_files.LOCK_TIMEOUT_S):
+            _files.remove_stale_temps(self.directory)
+            entries = []
+            for path in self.directory.glob(f"*{SUFFIX}"):
+                with contextlib.suppress(OSError):
+                    st = path.stat()
+                    entries.append((st.st_mtime, st.st_size, path))
+            total = sum(size for _, size, _ in entries)
+            for _, size, path in sorted(entries, key=lambda e: e[0]):
+                if total <= self.size_limit:
+                    break
+                if path == keep:
+                    continue
+                with contextlib.suppress(OSError):
+                    path.unlink()
+                    total -= size
+                    _stats.count("engine_cache_evictions")
+                    log.info("trtrtx: engine cache full, evicted %s", path.name)
+
+
+# ---- the entry file ----------------------------------------------------------------------------
+
+
+def encode(key: Key, entry: Entry) -> list[bytes]:
+    onnx, engine = entry.region.model, entry.engine
+    header = {
+        "format": FORMAT,
+        "key": key.name,
+        "fields": key.fields,
+        "region": _region_to_json(entry.region),
+        "profile": {n: [list(lo), list(opt), list(hi)] for n, (lo, opt, hi) in entry.profile.items()},
+        "onnx": {"size": len(onnx), "sha256": hashlib.sha256(onnx).hexdigest()},
+        "engine": {"size": len(engine), "sha256": hashlib.sha256(engine).hexdigest()},
+    }
+    head = json.dumps(header, sort_keys=True).encode()
+    return [MAGIC, len(head).to_bytes(8, "little"), head, onnx, engine]
+
+
+def decode(data: bytes, key: Key) -> Entry:
+    """The entry in `data`; raises CorruptEntry naming the first check that failed."""
+    start = len(MAGIC) + 8
+    if len(data) < start or not data.startswith(MAGIC):
+        raise CorruptEntry("not an engine cache entry (truncated or foreign)")
+    head_len = int.from_bytes(data[len(MAGIC):start], "little")
+    if start + head_len > len(data):
+        raise CorruptEntry("truncated header")
+    try:
+        header = json.loads(data[start:start + head_len])
+        if header["format"] != FORMAT or header["key"] != key.name or header["fields"] != key.fields:
+            raise CorruptEntry("written for another key or format")
+        onnx_at = start + head_len
+        engine_at = onnx_at + int(header["onnx"]["size"])
+        if engine_at + int(header["engine"]["size"]) != len(data):
+            raise CorruptEntry("truncated or padded payload")
+        onnx, engine = data[onnx_at:engine_at], data[engine_at:]
+        if hashlib.sha256(onnx).hexdigest() != header["onnx"]["sha256"]:
+            raise CorruptEntry("ONNX checksum mismatch")
+        if hashlib.sha256(engine).hexdigest() != header["engine"]["sha256"]:
+            raise CorruptEntry("engine checksum mismatch")
+        region = _region_from_json(header["region"], onnx)
+        profile = {n: (tuple(lo), tuple(opt), tuple(hi)) for n, (lo, opt, hi) in header["profile"].items()}
+    except CorruptEntry:
+        raise
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:  # JSONDecodeError is a ValueError
+        raise CorruptEntry(f"unreadable header ({type(exc).__name__}: {exc})") from exc
+    return Entry(region, engine, profile)
+
+
+def _region_to_json(region: OnnxRegion) -> dict[str, Any]:
+    return {
+        f.name: _to_json(getattr(region, f.name))
+        for f in dataclasses.fields(region)
+        if f.name != "model"
+    }
+
+
+def _region_from_json(data: dict[str, Any], model: bytes) -> OnnxRegion:
+    values = {name: _from_json(value) for name, value in data.items()}
+    for name in ("inputs", "outputs"):
+        values[name] = tuple(TensorSpec(**spec) for spec in values[name])
+    return OnnxRegion(model=model, **values)
+
+
+def _to_json(value: Any) -> Any:
+    """Dataclasses, tuples and dtypes as JSON; the inverse is _from_json."""
+    if isinstance(value, torch.dtype):
+        return {"dtype": str(value).removeprefix("torch.")}
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {"fields": {f.name: _to_json(getattr(value, f.name)) for f in dataclasses.fields(value)}}
+    if isinstance(value, (tuple, list)):
+        return [_to_json(v) for v in value]
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    raise TypeError(f"cannot store a {type(value).__name__} in the engine cache")
+
+
+def _from_json(value: Any) -> Any:
+    if isinstance(value, dict) and set(value) == {"dtype"}:
+        dtype = getattr(torch, value["dtype"], None)
+        if not isinstance(dtype, torch.dtype):
+            raise ValueError(f"unknown dtype {value['dtype']!r}")
+        return dtype
+    if isinstance(value, dict) and set(value) == {"fields"}:
+        return {k: _from_json(v) for k, v in value["fields"].items()}
+    if isinstance(value, list):
+        return tuple(_from_json(v) for v in value)
+    return value
+
+
+# ---- helpers -----------------------------------------------------------------------------------
+
+
+def _describe(val: Any) -> Any:
+    if isinstance(val, torch.Tensor):
+        return ("tensor", str(val.dtype), tuple(str(s) for s in val.shape))
+    if isinstance(val, torch.SymInt):
+        return ("symint", str(val.node.expr))
+    if val is None or isinstance(val, (int, float, bool)):
+        return val
+    return type(val).__name__
+
+
+def _fetch_attr(gm: torch.nn.Module, target: str) -> Any:
+    value: Any = gm
+    for part in target.split("."):
+        value = getattr(value, part, None)
+    return value
+
+
+def _tensor_bytes(t: torch.Tensor) -> memoryview | None:
+    try:
+        flat = t.detach().to("cpu").contiguous().reshape(-1)
+        return flat.view(torch.uint8).numpy().data
+    except Exception:  # meta or fake tensors, sparse or quantized layouts
+        return None
+
+
+def _version(distribution: str) -> str:
+    try:
+        return metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        return "unknown"

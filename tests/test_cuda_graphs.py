@@ -1,0 +1,254 @@
+"""CUDA graphs: TensorRT-RTX's own capture, and the compiled model inside an outer torch.cuda.graph.
+
+The CPU tests drive TrtExecutor with a fake engine and context (what TensorRT-RTX would be
+asked, and when); the GPU tests run real engines.
+"""
+
+from __future__ import annotations
+
+import logging
+import types
+
+import pytest
+import torch
+
+import rtx_backend
+from rtx_backend import _executors, _runtime_cache, _trt
+from rtx_backend._onnx_bridge import OnnxRegion, TensorSpec
+from rtx_backend._options import Options
+from rtx_backend._record import recording
+
+from .models import MLP, eval_model
+
+# ---- CPU: the executor's decisions, with a fake TensorRT-RTX ----------------------------------
+
+
+class FakeConfig:
+    def __init__(self) -> None:
+        self.cuda_graph_strategy = None
+        self.dynamic_shapes_kernel_specialization_strategy = None
+
+    def create_runtime_cache(self) -> object:
+        return types.SimpleNamespace(serialize=lambda: b"", deserialize=lambda data: True)
+
+    def set_runtime_cache(self, cache: object) -> bool:
+        return True
+
+
+class FakeContext:
+    def __init__(self, config: FakeConfig, capturable: bool) -> None:
+        self.graph_strategy = config.cuda_graph_strategy
+        self.specialization = config.dynamic_shapes_kernel_specialization_strategy
+        self.capturable = capturable
+        self.shapes: dict[str, tuple[int, ...]] = {}
+        self.queried: list[int] = []
+        self.runs = 0
+
+    def set_input_shape(self, name: str, shape: tuple[int, ...]) -> bool:
+        self.shapes[name] = shape
+        return True
+
+    def set_tensor_address(self, name: str, address: int) -> bool:
+        return True
+
+    def get_tensor_shape(self, name: str) -> tuple[int, ...]:
+        return self.shapes["input_0"]
+
+    def is_stream_capturable(self, stream: int) -> bool:
+        self.queried.append(stream)
+        return self.capturable
+
+    def execute_async_v3(self, stream: int) -> bool:
+        self.runs += 1
+        return True
+
+
+class FakeEngine:
+    def __init__(self, capturable: bool) -> None:
+        self.capturable = capturable
+        self.contexts: list[FakeContext] = []
+
+    def create_runtime_config(self) -> FakeConfig:
+        return FakeConfig()
+
+    def create_execution_context(self, config: FakeConfig) -> FakeContext:
+        self.contexts.append(FakeContext(config, self.capturable))
+        return self.contexts[-1]
+
+    def get_tensor_dtype(self, name: str) -> object:
+        return _trt.trt().DataType.FLOAT
+
+
+class World:
+    """The fake CUDA state the executor sees: is the stream capturing, which stream is current."""
+
+    def __init__(self) -> None:
+        self.capturing = False
+        self.stream = 7
+
+
+@pytest.fixture
+def fake_executor(monkeypatch):
+    world = World()
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: types.SimpleNamespace(cuda_stream=world.stream))
+    monkeypatch.setattr(torch.cuda, "Stream", lambda device=None: types.SimpleNamespace(cuda_stream=99))
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: world.capturing)
+    monkeypatch.setattr(_runtime_cache, "_CACHES", {})
+    monkeypatch.setattr(_runtime_cache, "gpu_identity_parts", lambda: ("NVIDIA GeForce RTX 3090", (8, 6)))
+
+    def make(*, capturable: bool = True, dynamic: bool = False, **options):
+        engine = FakeEngine(capturable)
+        monkeypatch.setattr(_executors, "deserialize", lambda data: (None, engine))
+        shape: tuple[int | str, ...] = ("s0", 4) if dynamic else (2, 4)
+        bounds = ((2, None), (4, 4)) if dynamic else ((2, 2), (4, 4))
+        region = OnnxRegion(
+            b"", (0,),
+            (TensorSpec("input_0", shape, torch.float32, (2, 4), bounds),),
+            (TensorSpec("output_0", shape, torch.float32, (2, 4), bounds),),
+        )
+        executor = _executors.TrtExecutor(b"", region, Options.from_dict({"runtime_cache_path": "", **options}),
+                                          "submod_0")
+        executor.device = torch.device("cpu")  # outputs on CPU: no GPU here
+        return executor, engine, world
+
+    return make
+
+
+def _strategies(ctx: FakeContext) -> tuple[str, str]:
+    return ctx.graph_strategy.name, ctx.specialization.name
+
+
+X = [torch.ones(2, 4)]
+
+
+def test_native_capture_is_set_on_the_runtime_config(fake_executor):
+    executor, engine, _ = fake_executor(cuda_graph_strategy="whole_graph_capture")
+    for _ in range(3):
+        executor(X)
+    assert [_strategies(c) for c in engine.contexts] == [("WHOLE_GRAPH_CAPTURE", "LAZY")]
+    assert engine.contexts[0].runs == 3
+
+
+def test_outer_capture_switches_native_capture_off_for_good(fake_executor, caplog):
+    executor, engine, world = fake_executor(cuda_graph_strategy="whole_graph_capture")
+    executor(X)  # warm-up, uncaptured: TensorRT-RTX's own graphs
+    world.capturing = True
+    with caplog.at_level(logging.INFO, "rtx_backend"):
+        executor(X)
+    world.capturing = False
+    executor(X)  # replays of the outer graph need no engine call; later eager calls stay plain
+    assert [_strategies(c) for c in engine.contexts] == [("WHOLE_GRAPH_CAPTURE", "LAZY"), ("DISABLED", "LAZY")]
+    assert [c.runs for c in engine.contexts] == [1, 2]
+    assert "own CUDA graph capture off" in caplog.text
+
+
+def test_outer_capture_of_a_static_plain_engine_keeps_its_context(fake_executor):
+    executor, engine, world = fake_executor()
+    world.capturing = True
+    executor(X)
+    executor(X)
+    assert [_strategies(c) for c in engine.contexts] == [("DISABLED", "LAZY")]
+    assert engine.contexts[0].queried == [7, 7]  # capturability checked on the capturing stream
+
+
+@pytest.mark.parametrize(("strategy", "expected"), [("lazy", "EAGER"), ("eager", "EAGER"), ("none", "NONE")])
+def test_outer_capture_of_dynamic_inputs_never_uses_lazy_specialization(fake_executor, strategy, expected):
+    executor, engine, world = fake_executor(dynamic=True, dynamic_shapes_kernel_specialization_strategy=strategy)
+    world.capturing = True
+    executor(X)
+    assert _strategies(engine.contexts[-1]) == ("DISABLED", expected)
+    assert len(engine.contexts) == (2 if strategy == "lazy" else 1)
+
+
+def test_outer_capture_of_an_uncapturable_engine_raises_a_clear_error(fake_executor):
+    executor, engine, world = fake_executor(capturable=False)
+    executor(X)  # outside a capture it runs
+    world.capturing = True
+    with pytest.raises(rtx_backend.CudaGraphError, match=r"submod_0 .*not stream-capturable.*outside the capture"):
+        executor(X)
+    assert engine.contexts[0].runs == 1  # nothing was enqueued into the broken capture
+
+
+def test_native_capture_of_an_uncapturable_engine_warns_once(fake_executor, caplog):
+    executor, engine, world = fake_executor(capturable=False, cuda_graph_strategy="whole_graph_capture")
+    world.stream = 0  # the legacy default stream can never be captured: a side stream is asked instead
+    for _ in range(3):
+        executor(X)
+    assert caplog.text.count("not stream-capturable") == 1
+    assert engine.contexts[0].queried == [99]
+    assert engine.contexts[0].runs == 3
+
+
+def test_native_capture_with_lazy_dynamic_inputs_says_when_graphs_start(fake_executor, caplog):
+    executor, _, _ = fake_executor(dynamic=True, cuda_graph_strategy="whole_graph_capture")
+    with caplog.at_level(logging.INFO, "rtx_backend"):
+        executor(X)
+    assert "captures a CUDA graph per input shape" in caplog.text
+
+
+# ---- GPU ---------------------------------------------------------------------------------------
+
+
+def _inputs(dynamic: bool) -> list[torch.Tensor]:
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    batches = [4, 8, 4, 16, 8, 4, 2, 16] if dynamic else [8] * 8
+    return [torch.randn(b, 16, device="cuda", generator=gen) for b in batches]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+def test_gpu_whole_graph_capture_matches_disabled(dynamic):
+    torch.manual_seed(0)
+    model = eval_model(MLP(), device="cuda")
+    xs = _inputs(dynamic)
+    results = {}
+    for strategy in ("disabled", "whole_graph_capture"):
+        torch._dynamo.reset()
+        if dynamic:
+            for x in xs:
+                torch._dynamo.mark_dynamic(x, 0)
+        compiled = torch.compile(model, backend="trtrtx", options={
+            "min_block_size": 1, "runtime": "tensorrt_rtx", "cuda_graph_strategy": strategy})
+        with torch.no_grad(), recording() as graphs:
+            results[strategy] = [compiled(x).clone() for x in xs + xs]  # each shape again: replays
+        assert len(graphs) == 1  # one graph for every shape
+        (region,) = graphs[0].regions
+        assert region.kind == "tensorrt_rtx"
+        assert region.executor.native_graphs == (strategy == "whole_graph_capture")
+    with torch.no_grad():
+        for x, a, b in zip(xs + xs, results["disabled"], results["whole_graph_capture"]):
+            torch.testing.assert_close(b, a, atol=1e-4, rtol=1e-4)
+            torch.testing.assert_close(b, model(x), atol=1e-3, rtol=1e-3)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+@pytest.mark.parametrize("strategy", ["disabled", "whole_graph_capture"])
+def test_gpu_outer_cuda_graph_replays_new_inputs(strategy, dynamic):
+    torch.manual_seed(0)
+    model = eval_model(MLP(), device="cuda")
+    static_x = torch.randn(8, 16, device="cuda")
+    if dynamic:
+        torch._dynamo.mark_dynamic(static_x, 0)
+    compiled = torch.compile(model, backend="trtrtx", options={
+        "min_block_size": 1, "runtime": "tensorrt_rtx", "cuda_graph_strategy": strategy})
+    with torch.no_grad():
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(3):  # warm-up, as torch.cuda.graph asks: compiles, validates, JIT-compiles
+                compiled(static_x)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            static_y = compiled(static_x)
+        for _ in range(4):
+            new = torch.randn_like(static_x)
+            static_x.copy_(new)
+            graph.replay()
+            torch.cuda.synchronize()
+            torch.testing.assert_close(static_y, model(new), atol=1e-3, rtol=1e-3)
+        # after the capture, ordinary calls still give the right answer
+        other = torch.randn_like(static_x)
+        torch.testing.assert_close(compiled(other), model(other), atol=1e-3, rtol=1e-3)

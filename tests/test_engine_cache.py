@@ -1,0 +1,374 @@
+"""Engine cache: keys, hits across processes, corruption, eviction, concurrent writers."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+from parameterized import parameterized
+
+import rtx_backend
+from rtx_backend import _backend, _engine_cache, _trt
+from rtx_backend._engine_cache import EngineCache, Entry, Key
+from rtx_backend._onnx_bridge import OnnxRegion, TensorSpec
+from rtx_backend._options import Options
+
+from .helpers import compile_and_run
+from .models import MLP, eval_model
+
+SM86 = [(8, 6)]
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _options(**kw) -> Options:
+    return Options.from_dict({"target_compute_capabilities": SM86, **kw})
+
+
+def _linear_graph(seed: int = 0) -> torch.fx.GraphModule:
+    torch.manual_seed(seed)
+    return torch.fx.symbolic_trace(torch.nn.Linear(4, 3))
+
+
+def _entry(payload: bytes = b"engine" * 100) -> Entry:
+    spec_in = TensorSpec("input_0", ("s0", 4), torch.float16, (2, 4), ((2, None), (4, 4)))
+    spec_out = TensorSpec("output_0", ("s0", 3), torch.float16, (2, 3), ((2, None), (3, 3)))
+    region = OnnxRegion(b"onnx-model-bytes", (0,), (spec_in,), (spec_out,))
+    return Entry(region, payload, {"input_0": ((1, 4), (2, 4), (64, 4))})
+
+
+def _key(name: str = "k") -> Key:
+    return Key(name * 8, {"graph": name})
+
+
+# ---- the key -----------------------------------------------------------------------------------
+
+
+PROFILE = {"input_0": ((1, 4), (8, 4), (64, 4))}
+
+
+def test_same_graph_same_key_and_weights_change_it():
+    cache = EngineCache(Path("unused"), 1 << 30)
+    a = cache.key(_linear_graph(0), PROFILE, _options())
+    assert a == cache.key(_linear_graph(0), PROFILE, _options())
+    assert a != cache.key(_linear_graph(1), PROFILE, _options())  # same code, other weights
+
+
+def test_key_changes_with_targets_profile_options_and_version(monkeypatch):
+    cache = EngineCache(Path("unused"), 1 << 30)
+    gm = _linear_graph()
+    base = cache.key(gm, PROFILE, _options())
+    assert base is not None
+    others = [
+        cache.key(gm, PROFILE, _options(target_compute_capabilities=[(7, 5)])),
+        cache.key(gm, PROFILE, _options(target_compute_capabilities=[(7, 5), (8, 6)])),
+        cache.key(gm, {"input_0": ((1, 4), (8, 4), (128, 4))}, _options()),
+        cache.key(gm, {}, _options()),
+        cache.key(gm, PROFILE, _options(optimize_onnx=False)),
+    ]
+    monkeypatch.setattr(_trt, "version", lambda: "1.4.0.76")
+    others.append(cache.key(gm, PROFILE, _options()))
+    names = {base.name} | {k.name for k in others if k is not None}
+    assert len(names) == len(others) + 1
+
+
+def test_declared_targets_make_the_key_independent_of_the_build_machine(monkeypatch):
+    cache = EngineCache(Path("unused"), 1 << 30)
+    gm = _linear_graph()
+    monkeypatch.setattr(_engine_cache, "current_gpu", lambda: [None, None])  # a laptop without GPU
+    laptop = cache.key(gm, PROFILE, _options())
+    monkeypatch.setattr(_engine_cache, "current_gpu", lambda: [[8, 6], "NVIDIA GeForce RTX 3090"])
+    assert cache.key(gm, PROFILE, _options()) == laptop
+    # without declared targets the current GPU is the target, so it is part of the key
+    bare = Options.from_dict({})
+    on_3090 = cache.key(gm, PROFILE, bare)
+    monkeypatch.setattr(_engine_cache, "current_gpu", lambda: [[8, 9], "NVIDIA GeForce RTX 4090"])
+    assert on_3090 != cache.key(gm, PROFILE, bare)
+
+
+def test_device_of_the_traced_graph_does_not_change_the_key():
+    def graph(device: str) -> torch.fx.GraphModule:
+        g = torch.fx.Graph()
+        x = g.placeholder("x")
+        y = g.call_function(torch.ones, (3,), {"device": torch.device(device)})
+        g.output(g.call_function(torch.add, (x, y)))
+        return torch.fx.GraphModule(torch.nn.Module(), g)
+
+    cache = EngineCache(Path("unused"), 1 << 30)
+    assert "device" in graph("cuda:0").code
+    assert cache.key(graph("cpu"), {}, _options()) == cache.key(graph("cuda:0"), {}, _options())
+
+
+def test_graph_with_unhashable_content_is_not_cached():
+    class Outer(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = torch.nn.Linear(2, 2)
+
+        def forward(self, x):
+            return self.inner(x)
+
+    gm = torch.fx.symbolic_trace(Outer())  # nn.Linear stays a call_module: its weights are not in the code
+    assert EngineCache(Path("unused"), 1 << 30).key(gm, {}, _options()) is None
+
+
+# ---- entries on disk ---------------------------------------------------------------------------
+
+
+def test_store_then_load_round_trips_region_metadata(tmp_path):
+    cache = EngineCache(tmp_path, 1 << 30)
+    entry = _entry()
+    assert cache.store(_key(), entry)
+    loaded = cache.load(_key(), entry.region.inputs)
+    assert loaded == entry
+    assert rtx_backend.stats()["engine_cache_hits"] == 1
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+
+
+def _truncate(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+def _flip_last_byte(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+DAMAGES = {
+    "zero_length": lambda p: p.write_bytes(b""),
+    "garbage": lambda p: p.write_bytes(os.urandom(5000)),
+    "truncated": _truncate,
+    "flipped_engine_byte": _flip_last_byte,
+    "bad_json": lambda p: p.write_bytes(_engine_cache.MAGIC + (10).to_bytes(8, "little") + b"{not json}"),
+}
+
+
+@pytest.mark.parametrize("damage", DAMAGES.values(), ids=DAMAGES.keys())
+def test_corrupt_entry_is_a_warning_and_a_miss_then_overwritten(damage, tmp_path, caplog):
+    cache = EngineCache(tmp_path, 1 << 30)
+    entry = _entry()
+    cache.store(_key(), entry)
+    damage(cache.path(_key()))
+    with caplog.at_level(logging.WARNING, "rtx_backend"):
+        assert cache.load(_key()) is None
+    assert "unusable" in caplog.text
+    assert rtx_backend.stats()["engine_cache_misses"] == 1
+    assert cache.store(_key(), entry)
+    assert cache.load(_key()) == entry
+
+
+def test_entry_of_another_key_is_never_served(tmp_path, caplog):
+    cache = EngineCache(tmp_path, 1 << 30)
+    cache.store(_key("a"), _entry())
+    cache.path(_key("a")).rename(cache.path(_key("b")))  # e.g. a file copied under the wrong name
+    assert cache.load(_key("b")) is None
+    assert "another key" in caplog.text
+
+
+def test_entry_whose_inputs_differ_is_never_served(tmp_path, caplog):
+    cache = EngineCache(tmp_path, 1 << 30)
+    entry = _entry()
+    cache.store(_key(), entry)
+    other = (TensorSpec("input_0", ("s0", 4), torch.float32, (2, 4), ((2, None), (4, 4))),)
+    assert cache.load(_key(), other) is None
+    assert "input specs differ" in caplog.text
+
+
+def test_least_recently_used_entries_are_evicted(tmp_path):
+    cache = EngineCache(tmp_path, 1 << 20)  # 1 MiB: room for two 400 kB entries, not three
+    big = _entry(b"x" * 400_000)
+    for age, name in ((1000, "a"), (1001, "b")):
+        cache.store(_key(name), big)
+        os.utime(cache.path(_key(name)), (age, age))
+    assert cache.load(_key("a")) is not None  # a hit refreshes a: b is now the least recently used
+    cache.store(_key("c"), big)
+    assert {p.name[:8] for p in tmp_path.glob("*.engine")} == {"a" * 8, "c" * 8}
+    assert rtx_backend.stats()["engine_cache_evictions"] == 1
+
+
+def test_entry_larger_than_the_limit_is_not_stored(tmp_path):
+    assert not EngineCache(tmp_path, 100).store(_key(), _entry())
+    assert not list(tmp_path.glob("*.engine"))
+
+
+def test_unwritable_directory_is_a_warning(tmp_path, caplog):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a directory")
+    cache = EngineCache(blocker / "engines", 1 << 30)
+    assert not cache.store(_key(), _entry())
+    assert cache.load(_key()) is None
+    assert "cannot write to the engine cache" in caplog.text
+
+
+# ---- options -----------------------------------------------------------------------------------
+
+
+@parameterized.expand(
+    [
+        ("engine_cache_size_mb", -1),
+        ("engine_cache_size_mb", 1.5),
+        ("engine_cache_size_mb", True),
+        ("engine_cache_dir", 5),
+        ("runtime_cache_path", ["a"]),
+    ]
+)
+def test_bad_cache_options_are_rejected(key, value):
+    with pytest.raises(rtx_backend.OptionsError, match=key):
+        Options.from_dict({key: value})
+
+
+def test_cache_directory_options(tmp_path):
+    assert EngineCache.for_options(Options.from_dict({"engine_cache_dir": ""})) is None
+    default = EngineCache.for_options(Options.from_dict({}))
+    assert default is not None and default.directory == tmp_path / "cache" / "engines"  # conftest's root
+    chosen = EngineCache.for_options(Options.from_dict({"engine_cache_dir": tmp_path / "e", "engine_cache_size_mb": 3}))
+    assert chosen is not None and chosen.directory == tmp_path / "e" and chosen.size_limit == 3 << 20
+
+
+# ---- through torch.compile ---------------------------------------------------------------------
+
+
+def test_hit_skips_export_and_build(monkeypatch):
+    model = eval_model(MLP())
+    x = torch.randn(4, 16)
+    compile_and_run(model, x, min_block_size=1, target_compute_capabilities=SM86)
+    assert rtx_backend.stats()["engine_builds"] == 1
+    assert rtx_backend.stats()["engine_cache_misses"] == 1
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("a cache hit must not export or build")
+
+    monkeypatch.setattr(_backend, "export_region", forbidden)
+    monkeypatch.setattr(_backend, "build", forbidden)
+    torch._dynamo.reset()
+    rtx_backend.reset_stats()
+    y = compile_and_run(model, x, min_block_size=1, target_compute_capabilities=SM86)
+    torch.testing.assert_close(y, model(x), atol=1e-5, rtol=1e-5)
+    assert rtx_backend.stats()["engine_cache_hits"] == 1
+    assert rtx_backend.stats().get("engine_builds", 0) == 0
+
+
+def test_disabled_cache_writes_nothing(tmp_path):
+    model = eval_model(MLP())
+    compile_and_run(model, torch.randn(4, 16), min_block_size=1, target_compute_capabilities=SM86,
+                    engine_cache_dir="")
+    assert not (tmp_path / "cache" / "engines").exists()
+    assert "engine_cache_misses" not in rtx_backend.stats()
+
+
+def test_truncated_entry_is_rebuilt_and_replaced(caplog):
+    model = eval_model(MLP())
+    x = torch.randn(4, 16)
+    compile_and_run(model, x, min_block_size=1, target_compute_capabilities=SM86)
+    (entry,) = Options().engine_cache_path.glob("*.engine")  # type: ignore[union-attr]
+    _truncate(entry)
+    torch._dynamo.reset()
+    y = compile_and_run(model, x, min_block_size=1, target_compute_capabilities=SM86)
+    torch.testing.assert_close(y, model(x), atol=1e-5, rtol=1e-5)
+    assert "unusable" in caplog.text
+    assert rtx_backend.stats()["engine_builds"] == 2
+    torch._dynamo.reset()
+    compile_and_run(model, x, min_block_size=1, target_compute_capabilities=SM86)
+    assert rtx_backend.stats()["engine_cache_hits"] == 1  # the rebuilt entry replaced the bad one
+
+
+def test_unwritable_engine_cache_dir_still_compiles(tmp_path, caplog):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    model = eval_model(MLP())
+    x = torch.randn(4, 16)
+    y = compile_and_run(model, x, min_block_size=1, target_compute_capabilities=SM86,
+                        engine_cache_dir=str(blocker / "engines"))
+    torch.testing.assert_close(y, model(x), atol=1e-5, rtol=1e-5)
+    assert "cannot write to the engine cache" in caplog.text
+
+
+SECOND_PROCESS = textwrap.dedent(
+    """
+    import json, sys, torch
+    sys.path.insert(0, sys.argv[1])
+    import rtx_backend
+    from tests.models import MLP, eval_model
+    torch.manual_seed(0)
+    model = eval_model(MLP())
+    x = torch.randn(4, 16)
+    compiled = torch.compile(model, backend="trtrtx",
+                             options={"min_block_size": 1, "target_compute_capabilities": [(8, 6)]})
+    with torch.no_grad():
+        err = (compiled(x) - model(x)).abs().max().item()
+    print(json.dumps({"stats": rtx_backend.stats(), "err": err}))
+    """
+)
+
+
+def test_hit_in_a_second_process_skips_the_build():
+    torch.manual_seed(0)
+    model = eval_model(MLP())  # the same weights as the second process's model
+    compile_and_run(model, torch.randn(4, 16), min_block_size=1, target_compute_capabilities=SM86)
+    assert rtx_backend.stats()["engine_builds"] == 1
+    out = subprocess.run([sys.executable, "-c", SECOND_PROCESS, str(ROOT)], capture_output=True, text=True,
+                         timeout=300, env=os.environ.copy())
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["stats"].get("engine_builds", 0) == 0, result
+    assert result["stats"]["engine_cache_hits"] == 1
+    assert result["err"] < 1e-5
+
+
+# ---- concurrent writers ------------------------------------------------------------------------
+
+
+WRITER = textwrap.dedent(
+    """
+    import logging, os, random, sys
+    from pathlib import Path
+    sys.path.insert(0, sys.argv[1])
+    import rtx_backend
+    from tests.test_engine_cache import _entry, _key
+    from rtx_backend._engine_cache import EngineCache
+
+    warnings = []
+    class Count(logging.Handler):
+        def emit(self, record):
+            if record.levelno >= logging.WARNING:
+                warnings.append(record.getMessage())
+    logging.getLogger("rtx_backend").addHandler(Count())
+    cache = EngineCache(Path(sys.argv[2]), 600_000)  # room for about two entries: eviction races too
+    rng = random.Random(int(sys.argv[3]))
+    bad = 0
+    for _ in range(int(sys.argv[4])):
+        name = rng.choice("abc")
+        payload = name.encode() * rng.randrange(1_000, 250_000)
+        cache.store(_key(name), _entry(payload))
+        loaded = cache.load(_key(rng.choice("abc")))
+        if loaded is not None and set(loaded.engine) - set(loaded.engine[:1]):
+            bad += 1  # an entry mixing two writers' payloads
+    print(bad, len(warnings), warnings[:3])
+    """
+)
+
+
+def test_concurrent_writers_never_leave_an_unreadable_entry(tmp_path):
+    procs = [
+        subprocess.Popen([sys.executable, "-c", WRITER, str(ROOT), str(tmp_path), str(seed), "60"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for seed in range(4)
+    ]
+    for proc in procs:
+        stdout, stderr = proc.communicate(timeout=300)
+        assert proc.returncode == 0, stderr[-3000:]
+        bad, warnings, examples = stdout.strip().split(" ", 2)
+        assert (bad, warnings) == ("0", "0"), examples
+    cache = EngineCache(tmp_path, 600_000)
+    for name in "abc":
+        path = cache.path(_key(name))
+        if path.exists():
+            assert cache.load(_key(name)) is not None
+    assert not list(tmp_path.glob(".*.tmp"))

@@ -1,0 +1,270 @@
+"""Reliability of the options: every value checked when `Options` is built, unknown keys and
+unbuildable targets rejected with the valid choices, and random option dicts either accepted
+(and then they compile) or rejected with RtxBackendError: nothing else escapes."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+
+import rtx_backend
+from rtx_backend import Options, OptionsError, RtxBackendError, TargetError, _targets
+from rtx_backend._options import MAX_DIM
+
+from .helpers import backend_error
+
+SUPPORTED = _targets.buildable_capabilities()
+
+
+# ---- bad values: each one rejected with a message naming the option and what is valid ------------
+
+BAD_VALUES = [
+    ("target_compute_capabilities", "8.6", "list of (major, minor)"),
+    ("target_compute_capabilities", 86, "list of (major, minor)"),
+    ("target_compute_capabilities", [], "empty"),
+    ("target_compute_capabilities", [(8,)], "not a compute capability"),
+    ("target_compute_capabilities", [(8, 6, 0)], "not a compute capability"),
+    ("target_compute_capabilities", [(8, -6)], "not a compute capability"),
+    ("target_compute_capabilities", [(8.0, 6)], "not a compute capability"),
+    ("target_compute_capabilities", [(True, 6)], "not a compute capability"),
+    ("target_compute_capabilities", ["8.6.1"], "not a compute capability"),
+    ("target_compute_capabilities", ["\u00b2.1"], "not a compute capability"),  # '²'.isdigit() is True
+    ("target_compute_capabilities", ["sm86"], "not a compute capability"),
+    ("min_block_size", 0, "integer >= 1"),
+    ("min_block_size", -3, "integer >= 1"),
+    ("min_block_size", 2.0, "integer >= 1"),
+    ("min_block_size", True, "integer >= 1"),
+    ("min_block_size", "5", "integer >= 1"),
+    ("min_block_size", None, "integer >= 1"),
+    ("torch_executed_ops", "aten.relu", "list of op names"),
+    ("torch_executed_ops", ["relu"], "not an ATen op"),
+    ("torch_executed_ops", [3], "not an ATen op"),
+    ("torch_executed_ops", ["aten.rleu"], "did you mean aten::relu"),
+    ("torch_executed_ops", ["aten.add.NoSuchOverload"], "no op"),
+    ("runtime", "trt", "'auto', 'tensorrt_rtx', 'onnxruntime'"),
+    ("runtime", None, "'auto', 'tensorrt_rtx', 'onnxruntime'"),
+    ("runtime", 1, "'auto', 'tensorrt_rtx', 'onnxruntime'"),
+    ("dynamic_shapes_kernel_specialization_strategy", "fast", "'lazy', 'eager', 'none'"),
+    ("cuda_graph_strategy", True, "'disabled', 'whole_graph_capture'"),
+    ("dynamic_shapes", [(1, 8, 64)], "(min, opt, max)"),
+    ("dynamic_shapes", {0: (1, 8, 64)}, "(min, opt, max)"),
+    ("dynamic_shapes", {-1: {0: (1, 8, 64)}}, "(min, opt, max)"),
+    ("dynamic_shapes", {0: {0: (8, 1, 64)}}, "min <= opt <= max"),
+    ("dynamic_shapes", {0: {0: (1, 8)}}, "min <= opt <= max"),
+    ("dynamic_shapes", {0: {0: (-1, 8, 64)}}, "min <= opt <= max"),
+    ("dynamic_shapes", {0: {0: (1, 8, 2**31)}}, str(MAX_DIM)),
+    ("dynamic_shapes", {0: {0: (1, 8.5, 64)}}, "min <= opt <= max"),
+    ("default_max_dim", 0, "integer in [1, 2147483647]"),
+    ("default_max_dim", 2**31, "integer in [1, 2147483647]"),
+    ("runtime_cache_path", 3, "path string"),
+    ("runtime_cache_path", b"/tmp/x", "path string"),
+    ("engine_cache_dir", "cache\0dir", "no NUL"),
+    ("engine_cache_size_mb", -1, "integer >= 0"),
+    ("validate", "yes", "True or False"),
+    ("validate", 1, "True or False"),
+    ("strict", None, "True or False"),
+    ("progress", "no", "True or False"),
+    ("optimize_onnx", 0, "True or False"),
+    ("dump_onnx_dir", 1.5, "path string"),
+]
+
+
+@pytest.mark.parametrize(("key", "value", "expected"), BAD_VALUES,
+                         ids=[f"{k}={v!r}" for k, v, _ in BAD_VALUES])
+def test_bad_value_is_rejected_naming_the_option(key, value, expected):
+    with pytest.raises(OptionsError) as info:
+        Options.from_dict({key: value})
+    assert key in str(info.value)
+    assert expected in str(info.value)
+
+
+def test_every_option_has_a_validator_and_a_bad_value_test():
+    fields = {f.name for f in dataclasses.fields(Options)}
+    assert fields == {k for k, _, _ in BAD_VALUES}
+
+
+@pytest.mark.parametrize("target", [(9, 0), (7, 0), (13, 5), (10, 0), (6, 1)])
+def test_unbuildable_target_is_rejected_up_front_with_the_supported_list(target):
+    with pytest.raises(TargetError) as info:
+        Options.from_dict({"target_compute_capabilities": [(8, 6), target]})
+    text = str(info.value)
+    assert str(target) in text
+    assert all(f"({a}, {b})" in text for a, b in SUPPORTED)  # every buildable target is listed
+    assert isinstance(info.value, RtxBackendError)
+
+
+def test_unknown_keys_are_rejected_with_the_valid_ones():
+    with pytest.raises(OptionsError) as info:
+        Options.from_dict({"min_blok_size": 2, 7: 1, "runtime": "auto"})
+    text = str(info.value)
+    assert "'min_blok_size'" in text and "7" in text
+    for f in dataclasses.fields(Options):
+        assert f.name in text
+
+
+@pytest.mark.parametrize("options", [[("runtime", "auto")], "runtime=auto", 3])
+def test_options_that_are_not_a_dict_are_rejected(options):
+    with pytest.raises(OptionsError, match="must be a dict"):
+        Options.from_dict(options)
+
+
+def test_accepted_values_are_normalized():
+    opts = Options.from_dict({
+        "target_compute_capabilities": ["8.6", (7, 5), [8, 6], (np.int64(8), np.int32(9))],
+        "min_block_size": np.int64(3),
+        "torch_executed_ops": ["aten.relu", torch.ops.aten.add.Tensor, "aten::addmm.default"],
+        "runtime": "ONNXRuntime",
+        "engine_cache_dir": Path("/tmp/x"),
+    })
+    assert opts.target_compute_capabilities == ((8, 6), (7, 5), (8, 9))  # parsed, deduplicated, in order
+    assert opts.min_block_size == 3 and type(opts.min_block_size) is int
+    assert opts.torch_executed_ops == {"aten::relu", "aten::add.Tensor", "aten::addmm"}
+    assert opts.runtime == "onnxruntime"
+    assert opts.engine_cache_dir == "/tmp/x"
+
+
+def test_direct_construction_and_replace_are_validated_too():
+    with pytest.raises(OptionsError, match="min_block_size"):
+        Options(min_block_size=0)
+    with pytest.raises(TargetError):
+        dataclasses.replace(Options(), target_compute_capabilities=((9, 0),))
+    assert Options(runtime="AUTO").runtime == "auto"  # normalized, not only checked
+
+
+def test_bad_option_surfaces_through_torch_compile_as_our_error():
+    model = torch.nn.Linear(4, 4).eval()
+    compiled = torch.compile(model, backend="trtrtx", options={"target_compute_capabilities": [(13, 5)]})
+    with pytest.raises(Exception) as info, torch.no_grad():
+        compiled(torch.randn(2, 4))
+    assert isinstance(backend_error(info.value), TargetError)
+
+
+# ---- property-based: random option dicts ---------------------------------------------------------
+
+def _paths(root: str) -> st.SearchStrategy:
+    return st.sampled_from([None, "", os.path.join(root, "a"), os.path.join(root, "b", "c")])
+
+
+def _option_dicts(root: str) -> st.SearchStrategy:
+    """Valid dicts (so that many compile), valid dicts with one bad value or an unknown key, and
+    dicts where every value may be bad."""
+    ints = st.integers(-3, 12)
+    junk = st.one_of(st.none(), st.booleans(), st.floats(allow_nan=True), st.text(max_size=4), ints,
+                     st.lists(ints, max_size=2))
+    ops = ["aten.relu", "aten.addmm", "aten::add.Tensor", torch.ops.aten.mul.Tensor]
+    valid_range = st.lists(st.integers(0, 64), min_size=3, max_size=3).map(lambda r: tuple(sorted(r)))
+    valid = {
+        "target_compute_capabilities": st.one_of(st.none(), st.lists(st.sampled_from(SUPPORTED), min_size=1,
+                                                                     max_size=3)),
+        "min_block_size": st.integers(1, 4),
+        "torch_executed_ops": st.lists(st.sampled_from(ops), max_size=2),
+        "runtime": st.sampled_from(["auto", "onnxruntime", "tensorrt_rtx", "Auto"]),
+        "dynamic_shapes_kernel_specialization_strategy": st.sampled_from(["lazy", "eager", "none", "LAZY"]),
+        "cuda_graph_strategy": st.sampled_from(["disabled", "whole_graph_capture"]),
+        "dynamic_shapes": st.one_of(st.none(), st.dictionaries(
+            st.integers(0, 2), st.dictionaries(st.integers(-2, 2), valid_range, max_size=2), max_size=2)),
+        "default_max_dim": st.integers(1, 4096),
+        "runtime_cache_path": _paths(root),
+        "engine_cache_dir": _paths(root),
+        "engine_cache_size_mb": st.integers(0, 64),
+        "validate": st.booleans(),
+        "dump_onnx_dir": st.sampled_from([None, os.path.join(root, "dump")]),
+        "strict": st.booleans(),
+        "progress": st.booleans(),
+        "optimize_onnx": st.booleans(),
+    }
+    target = st.one_of(st.tuples(st.integers(0, 14), st.integers(0, 9)),
+                       st.sampled_from(["8.6", "7.5", "8.6.1", "x", (8,), (8, 6, 1), (8.0, 6)]))
+    rng = st.tuples(st.integers(-1, 9), st.integers(0, 9), st.integers(0, 2**32))
+    bad = {key: junk for key in valid}
+    bad.update({
+        "target_compute_capabilities": st.one_of(st.lists(target, max_size=3), junk),
+        "torch_executed_ops": st.one_of(st.lists(st.sampled_from(["aten.rleu", "relu", 3, "aten.add.Nope"]),
+                                                 min_size=1, max_size=2), junk),
+        "runtime": st.one_of(st.sampled_from(["trt", "cuda", ""]), junk),
+        "dynamic_shapes": st.one_of(st.dictionaries(st.integers(-1, 2), st.dictionaries(
+            st.integers(-2, 2), rng, min_size=1, max_size=2), min_size=1, max_size=2), junk),
+        "default_max_dim": st.one_of(st.integers(-1, 0), st.integers(2**31, 2**33), junk),
+        "engine_cache_dir": st.one_of(st.just("bad\0dir"), junk),
+    })
+    all_valid = st.fixed_dictionaries({}, optional=valid)
+    one_bad = st.sampled_from(sorted(bad)).flatmap(lambda k: bad[k].map(lambda v: {k: v}))
+    unknown = st.dictionaries(st.text(min_size=1, max_size=6), junk, min_size=1, max_size=1)
+    mixed = st.fixed_dictionaries({}, optional={k: st.one_of(valid[k], bad[k]) for k in valid})
+    merge = lambda a, b: {**a, **b}  # noqa: E731
+    return st.one_of(all_valid, st.builds(merge, all_valid, one_bad), st.builds(merge, all_valid, unknown),
+                     mixed)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+@given(data=st.data())
+def test_random_option_dicts_are_accepted_or_rejected_with_our_error(data, tmp_path_factory):
+    options = data.draw(_option_dicts(str(tmp_path_factory.getbasetemp() / "opts")))
+    try:
+        opts = Options.from_dict(options)
+    except RtxBackendError:
+        return
+    # Accepted: what the pipeline relies on holds.
+    assert set(options) <= {f.name for f in dataclasses.fields(Options)}
+    assert opts.min_block_size >= 1 and 1 <= opts.default_max_dim <= MAX_DIM
+    if opts.target_compute_capabilities is not None:
+        assert opts.target_compute_capabilities and set(opts.target_compute_capabilities) <= set(SUPPORTED)
+    for dims in (opts.dynamic_shapes or {}).values():
+        for lo, opt, hi in dims.values():
+            assert 0 <= lo <= opt <= hi <= MAX_DIM
+
+
+class _Tiny(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.fc(x)) * 2 + 1
+
+
+_MODEL = _Tiny().eval()
+_X = torch.randn(3, 8)
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+@given(data=st.data())
+def test_random_option_dicts_compile_or_raise_our_error(data, tmp_path_factory):
+    """Each dict through torch.compile: a correct result, or (through Dynamo's wrapper) our error."""
+    root = tmp_path_factory.getbasetemp() / "compile-opts"
+    options = data.draw(_option_dicts(str(root)))
+    torch._dynamo.reset()
+    compiled = torch.compile(_MODEL, backend="trtrtx", options=options)
+    try:
+        with torch.no_grad():
+            y = compiled(_X)
+    except Exception as exc:
+        error = backend_error(exc)
+        if not isinstance(error, RtxBackendError):
+            raise
+        try:
+            opts = Options.from_dict(options)
+        except RtxBackendError:
+            event("rejected")
+            return  # rejected: the same error came through torch.compile
+        # Accepted options fail only where this machine cannot do what they ask for.
+        assert isinstance(error, rtx_backend.RuntimeUnavailableError), error
+        assert opts.runtime == "tensorrt_rtx" and not torch.cuda.is_available()
+        event("accepted, no runtime here")
+        return
+    Options.from_dict(options)  # compiled, so the options were valid
+    event("accepted and compiled")
+    with torch.no_grad():
+        torch.testing.assert_close(y, _MODEL(_X), atol=1e-4, rtol=1e-4)
+
+
+def test_errors_derive_from_the_package_base():
+    for name in ("OptionsError", "TargetError", "BuildError", "RuntimeUnavailableError", "CudaGraphError"):
+        assert issubclass(getattr(rtx_backend, name), RtxBackendError)
