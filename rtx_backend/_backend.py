@@ -53,7 +53,11 @@ def trtrtx(
     try:
         overrides = symbol_overrides(gm, opts)  # the option names model inputs: map it on Dynamo's graph
         return lower(gm, example_inputs, lambda aten_gm, args: compile_graph(aten_gm, args, opts, overrides))
-    except torch._dynamo.exc.TorchDynamoException:
+    except torch._dynamo.exc.TorchDynamoException as exc:
+        if isinstance(exc, torch._dynamo.exc.RestartAnalysis):
+            # e.g. dynamic=True makes float attributes (LayerNorm eps) symbolic, then Dynamo
+            # specializes them and traces again: the same compile, not a recompile
+            _stats.count("backend_restarts")
         raise  # Dynamo's own control flow (restarts, graph breaks): not ours to judge
     except Exception as exc:
         if opts.strict or (isinstance(exc, RuntimeUnavailableError) and opts.runtime == "tensorrt_rtx"):

@@ -3,9 +3,9 @@
 The key is a SHA-256 of everything that changes an engine: the region's graph (its code, its
 inputs' dtypes and shapes, the bytes of its frozen weights), the optimization profile, the
 declared targets (or, with none declared, the current GPU), the TensorRT-RTX, torch and
-exporter versions, and the options that matter. With declared targets nothing in the key
-depends on the build machine, so an engine built on a laptop without a GPU is a hit on the RTX
-GPU it was built for.
+exporter versions, a hash of the export/profile/build code, and the options that matter.
+With declared targets nothing in the key depends on the build machine, so an engine built on
+a laptop without a GPU is a hit on the RTX GPU it was built for.
 
 An entry holds the engine, the region's ONNX model and the region's metadata, so a hit skips
 the export as well as the build. It is one file, `<key>.engine`, so that one rename publishes
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import json
 import logging
@@ -107,6 +108,7 @@ def key_fields(digest: str, profile: Profile, options: Options) -> dict[str, Any
             "torch": torch.__version__.split("+")[0],
             "onnxscript": _version("onnxscript"),
             "trtrtx": _version("trtrtx"),
+            "pipeline": _pipeline_fingerprint(),
         },
         "options": options.cache_key_fields(),
     }
@@ -332,6 +334,24 @@ def _tensor_bytes(t: torch.Tensor) -> memoryview | None:
         return flat.view(torch.uint8).numpy().data
     except Exception:  # meta or fake tensors, sparse or quantized layouts
         return None
+
+
+@functools.cache
+def _pipeline_fingerprint() -> str:
+    """A hash of the code that turns a region graph into an engine (export, screen, profile, build).
+
+    The key is computed before export, so an edited bridge must not be served old engines,
+    even when the package version did not change (development, installs from a branch).
+    """
+    from . import _engine, _onnx_bridge, _profiles, _screen
+
+    h = hashlib.sha256()
+    for module in (_onnx_bridge, _screen, _profiles, _engine):
+        try:
+            h.update(Path(str(module.__file__)).read_bytes().replace(b"\r\n", b"\n"))
+        except OSError:
+            h.update(module.__name__.encode())
+    return h.hexdigest()
 
 
 def _version(distribution: str) -> str:

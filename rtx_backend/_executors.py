@@ -100,8 +100,11 @@ class TrtExecutor:
     reduce-overhead style wrapper), the outer graph must record the engine's kernels as they
     are: the context is recreated once, for good, with TensorRT-RTX's own capture off and, for
     dynamic inputs, "eager" instead of "lazy" kernel specialisation (lazy would swap in
-    specialised kernels behind the recorded graph's back). An engine that TensorRT-RTX reports
-    as not stream-capturable raises CudaGraphError inside an outer capture.
+    specialised kernels behind the recorded graph's back). That context takes its scratch memory
+    from PyTorch's allocator on each call (USER_MANAGED): it is created during the capture, where
+    cudaMalloc is not allowed, and PyTorch's allocator serves captures from the graph's pool.
+    An engine that TensorRT-RTX reports as not stream-capturable raises CudaGraphError inside an
+    outer capture.
     """
 
     kind = "tensorrt_rtx"
@@ -119,6 +122,11 @@ class TrtExecutor:
         self.native_graphs = options.cuda_graph_strategy == "whole_graph_capture"
         self.specialization = options.dynamic_shapes_kernel_specialization_strategy
         self.native_checked = False
+        # Scratch memory from PyTorch on each call: for contexts made in a capture, and for dynamic
+        # engines, whose scratch then fits each call's shapes instead of the profile's maximum
+        # (a default max of 4096 for both batch and sequence would ask for far too much up front).
+        self.user_memory = region.dynamic
+        self._scratch: torch.Tensor | None = None
         self.context = self._make_context()
         _runtime_cache.save_on_release(self, self._cache_ref)
 
@@ -131,6 +139,8 @@ class TrtExecutor:
         config.cuda_graph_strategy = (
             trt.CudaGraphStrategy.WHOLE_GRAPH_CAPTURE if self.native_graphs else trt.CudaGraphStrategy.DISABLED
         )
+        if self.user_memory:
+            config.set_execution_context_allocation_strategy(trt.ExecutionContextAllocationStrategy.USER_MANAGED)
         self._cache_ref = _runtime_cache.attach(config, self.options)
         self._config = config  # the context borrows the config and its cache
         context = self.engine.create_execution_context(config)
@@ -149,7 +159,16 @@ class TrtExecutor:
             changes.append("kernel specialization 'lazy' -> 'eager' (dynamic inputs)")
         if changes:
             log.info("trtrtx: region %s is captured by an outer CUDA graph: %s", self.name, ", ".join(changes))
+            self.user_memory = True
             self.context = self._make_context()
+
+    def _bind_memory(self, ctx: Any) -> None:
+        """Give a USER_MANAGED context its scratch memory (stream-ordered, capture-safe)."""
+        size = int(self.engine.device_memory_size_v2)
+        if self.region.dynamic and hasattr(ctx, "update_device_memory_size_for_shapes"):
+            size = int(ctx.update_device_memory_size_for_shapes())  # after the input shapes are set
+        self._scratch = torch.empty(max(size, 1), dtype=torch.uint8, device=self.device)
+        ctx.set_device_memory(self._scratch.data_ptr(), size)
 
     def _check_native(self, ctx: Any, stream: torch.cuda.Stream) -> None:
         """Say, once, when whole_graph_capture cannot do what the user asked for."""
@@ -186,6 +205,8 @@ class TrtExecutor:
                 out = torch.empty(tuple(ctx.get_tensor_shape(name)), dtype=dtype, device=self.device)
                 ctx.set_tensor_address(name, out.data_ptr())
                 outputs.append(out)
+            if self.user_memory:
+                self._bind_memory(ctx)
             if capturing and not ctx.is_stream_capturable(stream.cuda_stream):
                 raise CudaGraphError(
                     f"region {self.name} cannot be recorded by the CUDA graph being captured: TensorRT-RTX "

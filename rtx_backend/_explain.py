@@ -146,6 +146,8 @@ def explain(
             aten_nodes = sum(1 for n in aten_gm.graph.nodes if n.op == "call_function")
             try:
                 plan = plan_graph(aten_gm, opts)
+            except torch._dynamo.exc.TorchDynamoException:
+                raise
             except Exception as exc:
                 graphs.append(GraphInfo(index, aten_nodes, (), (), error=_error(exc)))
                 return aten_gm.forward
@@ -154,6 +156,9 @@ def explain(
 
         try:
             return lower(gm, inputs, plan_only)
+        except torch._dynamo.exc.TorchDynamoException:
+            del graphs[index:]  # Dynamo's own control flow (a restart): this graph comes again
+            raise
         except Exception as exc:
             if len(graphs) == index:
                 graphs.append(GraphInfo(index, 0, (), (), error=_error(exc)))
@@ -279,9 +284,12 @@ def _describe(val: Any) -> TensorInfo:
 
 
 def _op_name(target: Any) -> str:
-    """'aten.addmm' for aten.addmm.default, 'aten.add.Tensor' for other overloads."""
-    return str(getattr(target, "__name__", target) if not isinstance(target, torch._ops.OpOverload)
-               else target).removesuffix(".default")
+    """'aten.addmm' for aten.addmm.default, 'aten.add.Tensor', 'operator.mul' (a size computation)."""
+    if isinstance(target, torch._ops.OpOverload):
+        return str(target).removesuffix(".default")
+    module = str(getattr(target, "__module__", None) or "").lstrip("_")
+    name = getattr(target, "__name__", str(target))
+    return f"{module}.{name}" if module and module != "builtins" else name
 
 
 def _where(node: torch.fx.Node) -> str | None:

@@ -109,10 +109,9 @@ RULES: tuple[Rule, ...] = (
 # GEMM, whatever backend-specific spelling the lowering picked (SDPA is
 # _scaled_dot_product_flash_attention_for_cpu on CPU, *_efficient_attention on CUDA, ...).
 _GEMM = re.compile(
-    r"^(mm|bmm|addmm|addbmm|baddbmm|addmv|matmul|mv|dot|vdot|inner|linear|einsum|tensordot|"
-    r"chain_matmul|linalg_multi_dot|_addmm_activation|_int_mm|_scaled_mm|_scaled_grouped_mm|"
-    r"_weight_int\w*mm\w*|mkldnn_linear|fbgemm_linear\w*|\w*scaled_dot_product\w*|\w*_attention\w*|"
-    r"_transformer_encoder_layer_fwd|bilinear|_trilinear|_euclidean_dist)$"
+    r"^(mm|bmm|addmm|addbmm|baddbmm|addmv|mv|dot|vdot|inner|linear|einsum|tensordot|bilinear|_trilinear|"
+    r"_euclidean_dist|_transformer_encoder_layer_fwd|fbgemm_linear\w*|\w*_mm(_\w*)?|\w*matmul\w*|"
+    r"\w*_addmm\w*|\w*_linear|\w*_dot|\w*_multi_dot|\w*scaled_dot_product\w*|\w*_attention\w*)$"
 )
 _CONV_TRANSPOSE = re.compile(
     r"^(conv_transpose[123]d|slow_conv_transpose[23]d|(cudnn|miopen|mkldnn)_convolution_transpose)$"

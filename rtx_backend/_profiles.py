@@ -83,11 +83,12 @@ def dim_range(
 def make_profile(
     inputs: Sequence[TensorSpec], overrides: Mapping[str, Range], options: Options
 ) -> Profile:
-    """The optimization profile of a region's engine; {} (no profile) for a static region."""
-    if not any(s.dynamic for s in inputs):
-        return {}
+    """The optimization profile of a region's engine: its dynamic inputs' ranges ({} when it
+    has none; TensorRT-RTX needs no profile for static inputs)."""
     profile: Profile = {}
     for spec in inputs:
+        if not spec.dynamic:
+            continue
         lo, opt, hi = [], [], []
         for axis, size in enumerate(spec.shape):
             if isinstance(size, int):

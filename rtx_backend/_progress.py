@@ -70,9 +70,12 @@ class BuildProgress:
     and always let the build go on.
     """
 
-    def __init__(self, description: str, *, delay: float = DELAY_S, file: IO[str] | None = None) -> None:
+    def __init__(
+        self, description: str, *, delay: float | None = None, file: IO[str] | None = None, mininterval: float = 0.2
+    ) -> None:
         self.description = description
-        self.delay = delay
+        self.delay = DELAY_S if delay is None else delay
+        self.mininterval = mininterval
         self.file = file
         self.lock = threading.Lock()
         self.bar: Any = None
@@ -85,7 +88,11 @@ class BuildProgress:
             self.running.append(phase_name)
             if parent_phase is None:
                 self.top = phase_name
-                self._bar().total += max(int(num_steps), 0)
+                steps = max(int(num_steps), 0)
+                if self.bar is None:
+                    self._bar(steps)
+                else:
+                    self.bar.total += steps
             self._show(0)
 
     def step_complete(self, phase_name: str, step: int) -> bool:
@@ -114,14 +121,14 @@ class BuildProgress:
         bar = self.bar
         return bar is not None and bar.last_print_t >= bar.start_t + bar.delay
 
-    def _bar(self) -> Any:
+    def _bar(self, total: int | None = None) -> Any:
         if self.bar is None:
             from tqdm import tqdm
 
             # miniters=0: every callback may redraw (at most every mininterval, never before
             # `delay`), so the phase name stays current while a long phase runs.
-            self.bar = tqdm(total=0, desc=self.description, delay=self.delay, file=self.file or sys.stderr,
-                            leave=False, miniters=0, mininterval=0.2, unit="step", disable=False)
+            self.bar = tqdm(total=total, desc=self.description, delay=self.delay, file=self.file or sys.stderr,
+                            leave=False, miniters=0, mininterval=self.mininterval, unit="step", disable=False)
         return self.bar
 
     def _show(self, steps: int) -> None:

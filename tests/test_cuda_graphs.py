@@ -27,6 +27,10 @@ class FakeConfig:
     def __init__(self) -> None:
         self.cuda_graph_strategy = None
         self.dynamic_shapes_kernel_specialization_strategy = None
+        self.allocation = "STATIC"
+
+    def set_execution_context_allocation_strategy(self, strategy: object) -> None:
+        self.allocation = strategy.name  # type: ignore[attr-defined]
 
     def create_runtime_cache(self) -> object:
         return types.SimpleNamespace(serialize=lambda: b"", deserialize=lambda data: True)
@@ -39,6 +43,8 @@ class FakeContext:
     def __init__(self, config: FakeConfig, capturable: bool) -> None:
         self.graph_strategy = config.cuda_graph_strategy
         self.specialization = config.dynamic_shapes_kernel_specialization_strategy
+        self.allocation = config.allocation
+        self.memory: list[tuple[int, int]] = []
         self.capturable = capturable
         self.shapes: dict[str, tuple[int, ...]] = {}
         self.queried: list[int] = []
@@ -58,12 +64,17 @@ class FakeContext:
         self.queried.append(stream)
         return self.capturable
 
+    def set_device_memory(self, address: int, size: int) -> None:
+        self.memory.append((address, size))
+
     def execute_async_v3(self, stream: int) -> bool:
         self.runs += 1
         return True
 
 
 class FakeEngine:
+    device_memory_size_v2 = 4096
+
     def __init__(self, capturable: bool) -> None:
         self.capturable = capturable
         self.contexts: list[FakeContext] = []
@@ -141,6 +152,10 @@ def test_outer_capture_switches_native_capture_off_for_good(fake_executor, caplo
     assert [_strategies(c) for c in engine.contexts] == [("WHOLE_GRAPH_CAPTURE", "LAZY"), ("DISABLED", "LAZY")]
     assert [c.runs for c in engine.contexts] == [1, 2]
     assert "own CUDA graph capture off" in caplog.text
+    # made during the capture: no cudaMalloc there, its scratch memory comes from PyTorch per call
+    assert [c.allocation for c in engine.contexts] == ["STATIC", "USER_MANAGED"]
+    assert [size for _, size in engine.contexts[1].memory] == [4096, 4096]
+    assert engine.contexts[0].memory == []
 
 
 def test_outer_capture_of_a_static_plain_engine_keeps_its_context(fake_executor):

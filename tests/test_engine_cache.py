@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from parameterized import parameterized
 
 import rtx_backend
 from rtx_backend import _backend, _engine_cache, _trt
@@ -73,6 +72,8 @@ def test_key_changes_with_targets_profile_options_and_version(monkeypatch):
         cache.key(gm, PROFILE, _options(optimize_onnx=False)),
     ]
     monkeypatch.setattr(_trt, "version", lambda: "1.4.0.76")
+    others.append(cache.key(gm, PROFILE, _options()))
+    monkeypatch.setattr(_engine_cache, "_pipeline_fingerprint", lambda: "an edited ONNX bridge")
     others.append(cache.key(gm, PROFILE, _options()))
     names = {base.name} | {k.name for k in others if k is not None}
     assert len(names) == len(others) + 1
@@ -210,14 +211,15 @@ def test_unwritable_directory_is_a_warning(tmp_path, caplog):
 # ---- options -----------------------------------------------------------------------------------
 
 
-@parameterized.expand(
+@pytest.mark.parametrize(
+    ("key", "value"),
     [
         ("engine_cache_size_mb", -1),
         ("engine_cache_size_mb", 1.5),
         ("engine_cache_size_mb", True),
         ("engine_cache_dir", 5),
         ("runtime_cache_path", ["a"]),
-    ]
+    ],
 )
 def test_bad_cache_options_are_rejected(key, value):
     with pytest.raises(rtx_backend.OptionsError, match=key):

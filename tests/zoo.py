@@ -1,12 +1,14 @@
 """A zoo of small models covering the op families the capability policy judges.
 
-Each entry is (name, model factory, input factory). Inputs take the dtype the model runs in
-(index inputs stay int64). Sizes are tiny: the zoo is an oracle for the policy (every region
-must build for every declared target), not a benchmark.
+Each entry names a model factory, an input factory (inputs take the dtype the model runs in;
+index inputs stay int64) and the dtypes in which a Turing target keeps some op in PyTorch.
+Sizes are tiny: the zoo is an oracle for the policy (every region must build for every
+declared target), not a benchmark.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 import torch
@@ -242,26 +244,41 @@ def _xs(*shapes: tuple[int, ...]) -> Callable[[torch.dtype], tuple[torch.Tensor,
     return lambda dtype: tuple(torch.randn(*s).to(dtype) for s in shapes)
 
 
-# (name, factory, inputs, has GEMM or forward 3D conv: refused on Turing in FP32)
-ZOO: list[tuple[str, Callable[[], nn.Module], Callable[[torch.dtype], tuple[torch.Tensor, ...]], bool]] = [
-    ("mlp", MLP, _x(4, 16), True),
-    ("convnet", ConvNet, _x(2, 3, 16, 16), False),
-    ("resnetish", ResNetish, _x(2, 3, 16, 16), True),
-    ("self_attention", SelfAttention, _x(2, 6, 32), True),
-    ("manual_attention", ManualAttention, _xs((2, 6, 8), (2, 6, 8)), True),
-    ("mha", MHA, _x(2, 6, 32), True),
-    ("encoder_layer", EncoderLayer, _x(2, 6, 32), True),
-    ("conv3d", Conv3dNet, _x(1, 2, 6, 6, 6), True),
-    ("padded_conv3d", PaddedConv3d, _x(1, 2, 5, 5, 5), True),
-    ("conv_transpose3d", ConvTranspose3dNet, _x(1, 4, 3, 3, 3), False),
-    ("conv_transpose2d", ConvTranspose2dNet, _x(2, 4, 5, 5), False),
-    ("conv1d", Conv1dNet, _x(2, 4, 20), False),
-    ("einsum", EinsumNet, _x(2, 5, 8), True),
-    ("cdist", CdistNet, _xs((30, 8), (28, 8)), True),
-    ("norms", NormNet, _x(2, 8, 6, 6), False),
-    ("pooling", PoolNet, _x(2, 3, 9, 9), False),
-    ("embedding", EmbeddingNet, lambda dtype: (torch.randint(0, 50, (3, 12)),), False),
-    ("upsample", UpsampleNet, _x(1, 3, 6, 6), False),
-    ("elementwise", Elementwise, _x(3, 10), False),
-    ("bmm", BmmNet, _xs((2, 4, 6), (2, 4, 6)), True),
-]
+def _ids(dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+    return (torch.randint(0, 50, (3, 12)),)
+
+
+FP32_ONLY = (torch.float32,)
+BOTH = (torch.float32, torch.float16)
+
+
+@dataclasses.dataclass(frozen=True)
+class Entry:
+    name: str
+    model: Callable[[], nn.Module]
+    inputs: Callable[[torch.dtype], tuple[torch.Tensor, ...]]
+    turing_refuses: tuple[torch.dtype, ...] = ()  # dtypes in which SM 7.5 keeps some op in PyTorch
+
+
+ZOO: tuple[Entry, ...] = (
+    Entry("mlp", MLP, _x(4, 16), FP32_ONLY),
+    Entry("convnet", ConvNet, _x(2, 3, 16, 16)),
+    Entry("resnetish", ResNetish, _x(2, 3, 16, 16), FP32_ONLY),
+    Entry("self_attention", SelfAttention, _x(2, 6, 32), FP32_ONLY),
+    Entry("manual_attention", ManualAttention, _xs((2, 6, 8), (2, 6, 8)), FP32_ONLY),
+    Entry("mha", MHA, _x(2, 6, 32), FP32_ONLY),
+    Entry("encoder_layer", EncoderLayer, _x(6, 2, 32), FP32_ONLY),
+    Entry("conv3d", Conv3dNet, _x(1, 2, 6, 6, 6), BOTH),
+    Entry("padded_conv3d", PaddedConv3d, _x(1, 2, 5, 5, 5), BOTH),
+    Entry("conv_transpose3d", ConvTranspose3dNet, _x(1, 4, 3, 3, 3), FP32_ONLY),
+    Entry("conv_transpose2d", ConvTranspose2dNet, _x(2, 4, 5, 5)),
+    Entry("conv1d", Conv1dNet, _x(2, 4, 20)),
+    Entry("einsum", EinsumNet, _x(2, 5, 8), FP32_ONLY),
+    Entry("cdist", CdistNet, _xs((30, 8), (28, 8)), FP32_ONLY),
+    Entry("norms", NormNet, _x(2, 8, 6, 6)),
+    Entry("pooling", PoolNet, _x(2, 3, 9, 9)),
+    Entry("embedding", EmbeddingNet, _ids),
+    Entry("upsample", UpsampleNet, _x(1, 3, 6, 6)),
+    Entry("elementwise", Elementwise, _x(3, 10)),
+    Entry("bmm", BmmNet, _xs((2, 4, 6), (2, 4, 6)), FP32_ONLY),
+)
