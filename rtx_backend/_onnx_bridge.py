@@ -152,7 +152,10 @@ def tensors_only(gm: torch.fx.GraphModule) -> tuple[int, ...]:
                 value = size_of(expr)
             else:
                 env = {s: size_of(s) for s in expr.free_symbols}
-                value = sympy_interp(PythonReferenceAnalysis, env, expr)
+                try:
+                    value = sympy_interp(PythonReferenceAnalysis, env, expr)
+                except Exception as exc:  # a sympy function without a Python counterpart
+                    raise BuildError(f"symbolic size {expr} of {node.name} cannot be computed: {exc}") from exc
         if not isinstance(value, torch.fx.Proxy):
             raise BuildError(f"symbolic size {expr} of {node.name} could not be rebuilt in the region")
         value.node.meta["val"] = val

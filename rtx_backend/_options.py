@@ -52,10 +52,15 @@ class Options:
     (min, opt, max) of the optimization profile of the dims Dynamo made dynamic."""
     default_max_dim: int = 4096
     """Upper bound of a dynamic dimension that Dynamo leaves unbounded."""
-    runtime_cache_path: str | None = None
-    """File of TensorRT-RTX's JIT runtime cache; None: per-user default; "": memory only."""
-    engine_cache_dir: str | None = None
-    """Directory of built engines; None: per-user default; "": disabled."""
+    runtime_cache_path: str | None = dataclasses.field(
+        default_factory=lambda: os.path.join(default_cache_root(), "runtime", "")
+    )
+    """File (or directory: one file per TensorRT-RTX version and GPU inside) of TensorRT-RTX's
+    JIT runtime cache; default: per-user cache directory; "" or None: memory only."""
+    engine_cache_dir: str | None = dataclasses.field(
+        default_factory=lambda: str(default_cache_root() / "engines")
+    )
+    """Directory of built engines; default: per-user cache directory; None or "": disabled."""
     engine_cache_size_mb: int = 2048
     validate: bool = True
     """Compare each engine's first result with PyTorch; a mismatch falls back to PyTorch."""
@@ -95,11 +100,7 @@ class Options:
 
     @property
     def engine_cache_path(self) -> Path | None:
-        if self.engine_cache_dir == "":
-            return None
-        if self.engine_cache_dir is None:
-            return default_cache_root() / "engines"
-        return Path(self.engine_cache_dir)
+        return Path(self.engine_cache_dir).expanduser() if self.engine_cache_dir else None
 
 
 def _choice(choices: tuple[str, ...]) -> Any:

@@ -37,18 +37,17 @@ def symbol_overrides(gm: Any, options: Options) -> dict[str, Range]:
     symbol and are skipped (with a debug message): Dynamo guards them, so no range can apply.
     """
     import torch
-    from torch._dynamo.source import LocalSource
 
     if not options.dynamic_shapes:
         return {}
     inputs: list[tuple[str | None, Any]] = []  # (argument name, fake tensor) of each model input
     for node in gm.graph.nodes:
-        if node.op != "placeholder":
-            continue
         val = node.meta.get("example_value")
-        source = getattr(node.meta.get("grapharg"), "source", None)
-        if isinstance(val, torch.Tensor) and isinstance(source, LocalSource):
-            inputs.append((source.local_name, val))
+        if node.op != "placeholder" or not isinstance(val, torch.Tensor):
+            continue
+        is_input, name = _model_input(getattr(node.meta.get("grapharg"), "source", None))
+        if is_input:
+            inputs.append((name, val))
     out: dict[str, Range] = {}
     for key, dims in options.dynamic_shapes.items():
         matches = [v for i, (name, v) in enumerate(inputs) if key in (i, name)]
@@ -63,6 +62,20 @@ def symbol_overrides(gm: Any, options: Options) -> dict[str, Range]:
             else:
                 log.debug("trtrtx: dynamic_shapes[%r][%r]: that dimension is static here", key, dim)
     return out
+
+
+def _model_input(source: Any) -> tuple[bool, str | None]:
+    """Whether a graph input is an argument of the compiled call (not a parameter, buffer or
+    global), and its name: `forward(self, x)` gives LocalSource('x'); modules that Dynamo wraps
+    (nn.Sequential) give args[0] (no name); keyword arguments and dict inputs give their key.
+    """
+    from torch._dynamo.source import GetItemSource, LocalSource
+
+    if isinstance(source, LocalSource):
+        return source.is_input, source.local_name
+    if isinstance(source, GetItemSource) and isinstance(source.base, LocalSource) and source.base.is_input:
+        return True, source.index if isinstance(source.index, str) else None
+    return False, None
 
 
 def dim_range(

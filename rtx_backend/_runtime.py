@@ -7,6 +7,7 @@ whichever executor was chosen at compile time, returning what the region returne
 from __future__ import annotations
 
 import logging
+import threading
 from typing import Any
 
 import torch
@@ -42,6 +43,7 @@ class RegionModule(torch.nn.Module):
         self.executor = executor
         self.validate = validate  # first-call check of each executor against PyTorch (_validation.py)
         self.validated_executor: object = None
+        self.validation_lock = threading.Lock()  # concurrent first calls wait for the verdict
         self.profile = profile  # the engine's optimization profile, widened on demand
         self.widen_failed = False
 
@@ -61,7 +63,11 @@ class RegionModule(torch.nn.Module):
         assert not isinstance(runner, TorchExecutor)
         outputs = tuple(runner(tensors))
         if self.validate and self.validated_executor is not runner:
-            outputs = first_call(self, args, outputs)
+            with self.validation_lock:  # a thread must not return unchecked outputs while one checks
+                if self.executor is not runner:  # the check (in another thread) replaced the runner
+                    return self.forward(*args)
+                if self.validated_executor is not runner:
+                    outputs = first_call(self, args, outputs)
         return outputs
 
     def fit_profile(self, tensors: list[torch.Tensor]) -> bool:

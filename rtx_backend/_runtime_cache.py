@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from . import _files, _stats, _trt
-from ._options import Options, default_cache_root
+from ._options import Options
 
 log = logging.getLogger("rtx_backend")
 
@@ -140,11 +140,9 @@ def save_runtime_cache() -> list[Path]:
 
 
 def resolve_path(option: str | None) -> Path | None:
-    """The cache file for the `runtime_cache_path` option; None keeps the cache in memory."""
-    if option == "":
+    """The cache file for the `runtime_cache_path` option; "" or None keep the cache in memory."""
+    if not option:
         return None
-    if option is None:
-        return default_cache_root() / "runtime" / default_file_name()
     path = Path(option).expanduser()
     if path.is_dir() or option.endswith(("/", os.sep)):
         return path / default_file_name()

@@ -69,6 +69,11 @@ class FlattenMLP(nn.Module):
         return self.net(x.flatten(1)).view(x.shape[0], 2, 4).sum(-1)
 
 
+def seq_mlp() -> nn.Module:
+    """Linear layers on (batch, sequence, 16): the region views its input as (b*s, 16)."""
+    return nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 16)).eval()
+
+
 class SmallConv(nn.Module):
     def __init__(self) -> None:
         super().__init__()
@@ -164,24 +169,38 @@ def test_batch_one_recompiles_without_size_oblivious():
     assert [r.onnx.inputs[0].shape[0] for r in regions][1:] == [1]  # a second engine, batch 1 static
 
 
+def test_automatic_dynamic_after_a_shape_change_compiles_a_dynamic_engine_once():
+    model = FlattenMLP().eval()
+    compiled = torch.compile(model, backend="trtrtx", options={**NO_CACHE, "min_block_size": 1,
+                                                             "target_compute_capabilities": SM86})
+    with torch.no_grad(), recording() as graphs:
+        for b in (2, 4, 6, 9, 3):
+            x = torch.randn(b, 4, 16)
+            torch.testing.assert_close(compiled(x), model(x), atol=1e-4, rtol=1e-4)
+    assert compiles() == 2 and rtx_backend.stats()["engine_builds"] == 2
+    first, second = (g.regions[0] for g in graphs)
+    assert first.profile is None  # the first call's shapes: static
+    assert second.profile.profile == {"input_0": ((1, 4, 16), (4, 4, 16), (4096, 4, 16))}
+
+
 # ---- where the profile comes from -----------------------------------------------------------------
 
 def test_mark_dynamic_bounds_become_the_profile():
-    model = Block().eval()
-    x = torch.randn(4, 16, 32)
+    model = seq_mlp()
+    x = torch.randn(4, 16, 16)
     torch._dynamo.mark_dynamic(x, 0, min=2, max=16)
     torch._dynamo.mark_dynamic(x, 1, min=8, max=128)
     regions = sweep(model, [x], min_block_size=1, target_compute_capabilities=SM86)
     # min 2 means "not 0 or 1 specialized": the engine takes 1 as well
-    assert regions[0].profile.profile == {"input_0": ((1, 8, 32), (4, 16, 32), (16, 128, 32))}
+    assert regions[0].profile.profile == {"input_0": ((1, 8, 16), (4, 16, 16), (16, 128, 16))}
 
 
 def test_dynamic_shapes_option_overrides_by_name_and_index():
-    model = Block().eval()
-    inputs = [torch.randn(2, 16, 32)]
+    model = seq_mlp()
+    inputs = [torch.randn(2, 12, 16)]  # 12: a sequence of 16 would share the width's symbol
     regions = sweep(model, inputs, min_block_size=1, target_compute_capabilities=SM86,
-                    dynamic_shapes={"x": {1: (4, 32, 256)}, 0: {0: (1, 2, 8)}})
-    assert regions[0].profile.profile == {"input_0": ((1, 4, 32), (2, 32, 32), (8, 256, 32))}
+                    dynamic_shapes={"input": {1: (4, 32, 256)}, 0: {0: (1, 2, 8)}})
+    assert regions[0].profile.profile == {"input_0": ((1, 4, 16), (2, 32, 16), (8, 256, 16))}
 
 
 def test_static_model_has_no_profile(monkeypatch):
@@ -207,13 +226,13 @@ def test_static_model_has_no_profile(monkeypatch):
 # ---- outside the profile: one widened build, right answers ----------------------------------------
 
 def test_shape_outside_profile_triggers_exactly_one_widened_build():
-    model = Block().eval()
+    model = seq_mlp()
     compiled = torch.compile(model, backend="trtrtx", dynamic=True, options={
         **NO_CACHE, "min_block_size": 1, "target_compute_capabilities": SM86,
-        "dynamic_shapes": {"x": {1: (8, 16, 64)}}})  # Dynamo does not guard this range
+        "dynamic_shapes": {0: {1: (8, 16, 64)}}})  # Dynamo does not guard this range
     with torch.no_grad(), recording() as graphs:
-        for b, s in [(2, 16), (3, 64), (2, 100), (4, 90), (3, 128), (2, 8)]:
-            x = torch.randn(b, s, 32)
+        for b, s in [(2, 12), (3, 64), (2, 100), (4, 90), (3, 128), (2, 8)]:
+            x = torch.randn(b, s, 16)
             torch.testing.assert_close(compiled(x), model(x), atol=1e-4, rtol=1e-4)
     stats = rtx_backend.stats()
     assert compiles() == 1

@@ -85,12 +85,21 @@ def test_callback_errors_never_reach_tensorrt_rtx():
 
 
 def test_tensorrt_rtx_drives_the_bar(monkeypatch, capsys):
+    made = []
+
+    class Immediate(_progress.BuildProgress):  # no delay, every callback redraws
+        def __init__(self, description):
+            super().__init__(description, delay=0.0, mininterval=0.0)
+            made.append(self)
+
     monkeypatch.setattr(_progress, "enabled", lambda options: True)
-    monkeypatch.setattr(_progress, "DELAY_S", 0.0)
+    monkeypatch.setattr(_progress, "BuildProgress", Immediate)
     with _progress.build_progress(Options(), "building tiny") as monitor:
         assert monitor is not None
         built = _engine.build(tiny_onnx(), ((8, 6),), {}, monitor=monitor)
     assert len(built.data) > 1000
+    bar = made[0].bar
+    assert bar.total > 0 and 0 < bar.n <= bar.total  # TensorRT-RTX reported its top-level steps
     err = capsys.readouterr().err
     assert "building tiny" in err and "Building engine" in err
 

@@ -81,12 +81,14 @@ def _restart(monkeypatch) -> None:
 
 
 def test_default_file_is_per_version_and_gpu(tmp_path, monkeypatch):
-    path = _runtime_cache.resolve_path(None)
+    default = Options().runtime_cache_path
+    path = _runtime_cache.resolve_path(default)
     assert path is not None and path.parent == tmp_path / "cache" / "runtime"
     assert rtx_backend._trt.version() in path.name and "RTX_3090" in path.name and "sm86" in path.name
     monkeypatch.setattr(_runtime_cache, "gpu_identity_parts", lambda: ("NVIDIA RTX A6000", (8, 6)))
-    assert _runtime_cache.resolve_path(None) != path
+    assert _runtime_cache.resolve_path(default) != path
     assert _runtime_cache.resolve_path("") is None
+    assert _runtime_cache.resolve_path(None) is None
     assert _runtime_cache.resolve_path(str(tmp_path / "x.bin")) == tmp_path / "x.bin"
     assert _runtime_cache.resolve_path(str(tmp_path)).parent == tmp_path  # a directory: the default name in it
 
@@ -143,7 +145,7 @@ def test_corrupt_or_foreign_file_is_a_warning_and_a_fresh_cache(content, tmp_pat
 
 
 def test_unreadable_file_is_a_warning(tmp_path, caplog):
-    path = _runtime_cache.resolve_path(None)
+    path = _runtime_cache.resolve_path(Options().runtime_cache_path)
     assert path is not None
     path.mkdir(parents=True)  # a directory where the cache file should be: reading fails
     _, entry = _attach()

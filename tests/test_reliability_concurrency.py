@@ -1,0 +1,119 @@
+"""Reliability under threads: one compiled model called from several threads at once gives each
+caller its own, correct result: on a cold start (Dynamo compiles under its own lock), when warm
+(executors serialize their sessions and contexts), and while the first-call validation is still
+deciding whether a region's runtime can be trusted."""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import torch
+
+import rtx_backend
+from rtx_backend import _validation
+from rtx_backend._executors import OrtExecutor
+from rtx_backend._record import recording
+
+from .models import MLP, WithEagerOp, eval_model
+
+ORT = {"min_block_size": 1, "runtime": "onnxruntime"}
+THREADS = 8
+
+
+def _hammer(compiled, model, n_threads=THREADS, calls=10, shape=(4, 16), barrier=True):
+    """Every thread calls `compiled` on its own inputs; returns the worst error against eager."""
+    gate = threading.Barrier(n_threads) if barrier else None
+
+    def worker(seed):
+        g = torch.Generator().manual_seed(seed)
+        worst = 0.0
+        with torch.no_grad():  # grad mode is per thread
+            if gate is not None:
+                gate.wait()
+            for _ in range(calls):
+                x = torch.randn(*shape, generator=g)
+                worst = max(worst, (compiled(x) - model(x)).abs().max().item())
+        return worst
+
+    with ThreadPoolExecutor(n_threads) as pool:
+        return max(pool.map(worker, range(n_threads)))
+
+
+def test_warm_model_from_many_threads():
+    model = eval_model(WithEagerOp())
+    compiled = torch.compile(model, backend="trtrtx", options={**ORT, "torch_executed_ops": ["aten.sigmoid"]})
+    with torch.no_grad(), recording() as graphs:
+        compiled(torch.randn(4, 16))
+    assert [r.kind for g in graphs for r in g.regions] == ["onnxruntime", "onnxruntime"]
+    assert _hammer(compiled, model, calls=25) < 1e-5
+    assert rtx_backend.stats()["backend_calls"] == 1  # no recompiles from threads
+
+
+def test_cold_start_from_many_threads():
+    """All threads make the first call together: every result right. (Dynamo compiles the frame
+    once per thread that was waiting for its compile lock, so up to THREADS compiles happen: the
+    README says to warm up in one thread first.)"""
+    model = eval_model(MLP())
+    compiled = torch.compile(model, backend="trtrtx", options=ORT)
+    assert _hammer(compiled, model, calls=5) < 1e-5
+    stats = rtx_backend.stats()
+    assert 1 <= stats["backend_calls"] <= THREADS and stats["validations"] == stats["backend_calls"]
+
+
+def test_two_models_compiled_and_run_concurrently():
+    models = [eval_model(MLP()), eval_model(WithEagerOp())]
+    compiled = [torch.compile(m, backend="trtrtx", options=ORT) for m in models]
+    with ThreadPoolExecutor(4) as pool:
+        errors = list(pool.map(lambda i: _hammer(compiled[i % 2], models[i % 2], n_threads=2, calls=5,
+                                                 barrier=False), range(4)))
+    assert max(errors) < 1e-5
+
+
+def test_threads_never_see_a_wrong_result_while_validation_decides(monkeypatch):
+    """The runtime is broken (zeros) and the first-call check is slow: threads that call while
+    it runs must not return the broken outputs as if they had been checked."""
+    original_call = OrtExecutor.__call__
+    original_compare = _validation.compare
+
+    def slow_compare(*args, **kwargs):
+        time.sleep(0.3)  # keep the window open for the other threads
+        return original_compare(*args, **kwargs)
+
+    model = eval_model(MLP())
+    compiled = torch.compile(model, backend="trtrtx", options=ORT)
+    with torch.no_grad(), recording() as graphs:
+        compiled(torch.randn(4, 16))  # compiled in this thread, so every thread shares the region
+    (region,) = [r for g in graphs for r in g.regions]
+    # Now the runtime goes bad and the region's first-call check is still to come, as for a graph
+    # that one thread compiled while others start calling it.
+    monkeypatch.setattr(OrtExecutor, "__call__", lambda self, t: [torch.zeros_like(o) for o in original_call(self, t)])
+    monkeypatch.setattr(_validation, "compare", slow_compare)
+    region.validated_executor = None
+    assert _hammer(compiled, model, calls=3) < 1e-5
+    assert region.kind == "pytorch"
+    assert rtx_backend.stats()["validation_failures"] == 1  # one loud event, not one per thread
+
+
+@pytest.mark.gpu
+def test_gpu_model_from_many_threads():
+    model = eval_model(MLP(), device="cuda")
+    compiled = torch.compile(model, backend="trtrtx", options={"min_block_size": 1, "runtime": "tensorrt_rtx"})
+    with torch.no_grad(), recording() as graphs:
+        compiled(torch.randn(4, 16, device="cuda"))
+    assert [r.kind for g in graphs for r in g.regions] == ["tensorrt_rtx"]
+
+    def worker(seed):
+        g = torch.Generator(device="cuda").manual_seed(seed)
+        stream = torch.cuda.Stream()  # each thread on its own stream, as servers do
+        worst = 0.0
+        with torch.no_grad(), torch.cuda.stream(stream):
+            for _ in range(20):
+                x = torch.randn(4, 16, device="cuda", generator=g)
+                worst = max(worst, (compiled(x) - model(x)).abs().max().item())
+        return worst
+
+    with ThreadPoolExecutor(THREADS) as pool:
+        assert max(pool.map(worker, range(THREADS))) < 1e-3
