@@ -312,7 +312,7 @@ def test_gpu_save_runtime_cache_writes_the_default_file():
     compiled = torch.compile(model, backend="trtrtx", options={"min_block_size": 1, "runtime": "tensorrt_rtx"})
     with torch.no_grad():
         compiled(torch.randn(4, 16, device="cuda"))
-    default = _runtime_cache.resolve_path(None)
+    default = _runtime_cache.resolve_path(rtx_backend.Options().runtime_cache_path)
     assert default is not None and torch.cuda.get_device_name().split()[-1] in default.name
     assert rtx_backend.save_runtime_cache() == [default]
     assert default.stat().st_size > 0
