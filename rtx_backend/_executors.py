@@ -127,6 +127,9 @@ class TrtExecutor:
         # (a default max of 4096 for both batch and sequence would ask for far too much up front).
         self.user_memory = region.dynamic
         self._scratch: torch.Tensor | None = None
+        self._input_shapes: tuple[torch.Size, ...] = ()
+        self._output_shapes: list[tuple[int, ...]] = []
+        self._shaped_context: Any = None
         self.context = self._make_context()
         _runtime_cache.save_on_release(self, self._cache_ref)
 
@@ -194,15 +197,21 @@ class TrtExecutor:
             if capturing:
                 self._fit_outer_capture()
             ctx = self.context
+            shapes = tuple(t.shape for t in tensors)
+            new_shapes = ctx is not self._shaped_context or shapes != self._input_shapes
             for name, t in zip(self.input_names, tensors):
                 if t.device != self.device:
                     t = t.to(self.device)
                 t = t.contiguous()  # a temporary copy stays valid: the allocator is stream-ordered
-                ctx.set_input_shape(name, tuple(t.shape))
+                if new_shapes:
+                    ctx.set_input_shape(name, tuple(t.shape))
                 ctx.set_tensor_address(name, t.data_ptr())
+            if new_shapes:  # shapes are sticky on a context: set them (and ask back) only on change
+                self._output_shapes = [tuple(ctx.get_tensor_shape(n)) for n in self.output_names]
+                self._input_shapes, self._shaped_context = shapes, ctx
             outputs = []
-            for name, dtype in zip(self.output_names, self.output_dtypes):
-                out = torch.empty(tuple(ctx.get_tensor_shape(name)), dtype=dtype, device=self.device)
+            for name, dtype, shape in zip(self.output_names, self.output_dtypes, self._output_shapes):
+                out = torch.empty(shape, dtype=dtype, device=self.device)
                 ctx.set_tensor_address(name, out.data_ptr())
                 outputs.append(out)
             if self.user_memory:

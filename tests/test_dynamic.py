@@ -69,9 +69,19 @@ class FlattenMLP(nn.Module):
         return self.net(x.flatten(1)).view(x.shape[0], 2, 4).sum(-1)
 
 
-def seq_mlp() -> nn.Module:
+class SeqMLP(nn.Module):
     """Linear layers on (batch, sequence, 16): the region views its input as (b*s, 16)."""
-    return nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 16)).eval()
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 16))
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.net(tokens)
+
+
+def seq_mlp() -> nn.Module:
+    return SeqMLP().eval()
 
 
 class SmallConv(nn.Module):
@@ -199,7 +209,7 @@ def test_dynamic_shapes_option_overrides_by_name_and_index():
     model = seq_mlp()
     inputs = [torch.randn(2, 12, 16)]  # 12: a sequence of 16 would share the width's symbol
     regions = sweep(model, inputs, min_block_size=1, target_compute_capabilities=SM86,
-                    dynamic_shapes={"input": {1: (4, 32, 256)}, 0: {0: (1, 2, 8)}})
+                    dynamic_shapes={"tokens": {1: (4, 32, 256)}, 0: {0: (1, 2, 8)}})
     assert regions[0].profile.profile == {"input_0": ((1, 4, 16), (2, 32, 16), (8, 256, 16))}
 
 
