@@ -122,10 +122,7 @@ class TrtExecutor:
         self.native_graphs = options.cuda_graph_strategy == "whole_graph_capture"
         self.specialization = options.dynamic_shapes_kernel_specialization_strategy
         self.native_checked = False
-        # Scratch memory from PyTorch on each call: for contexts made in a capture, and for dynamic
-        # engines, whose scratch then fits each call's shapes instead of the profile's maximum
-        # (a default max of 4096 for both batch and sequence would ask for far too much up front).
-        self.user_memory = region.dynamic
+        self.user_memory = False  # scratch memory from PyTorch on each call (contexts made in a capture)
         self._scratch: torch.Tensor | None = None
         self._input_shapes: tuple[torch.Size, ...] = ()
         self._output_shapes: list[tuple[int, ...]] = []
@@ -169,7 +166,7 @@ class TrtExecutor:
         """Give a USER_MANAGED context its scratch memory (stream-ordered, capture-safe)."""
         size = int(self.engine.device_memory_size_v2)
         if self.region.dynamic and hasattr(ctx, "update_device_memory_size_for_shapes"):
-            size = int(ctx.update_device_memory_size_for_shapes())  # after the input shapes are set
+            size = int(ctx.update_device_memory_size_for_shapes())  # this call's shapes, not the profile's max
         self._scratch = torch.empty(max(size, 1), dtype=torch.uint8, device=self.device)
         ctx.set_device_memory(self._scratch.data_ptr(), size)
 

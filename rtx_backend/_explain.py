@@ -8,6 +8,8 @@ It runs the backend's own first stages (Dynamo, lowering to ATen, the capability
 partitioner, through `_backend.plan_graph`) behind a backend that records the plan and returns
 the partitioned ATen graph to run in PyTorch: no ONNX export, no engine, and what it reports
 is what `torch.compile(backend="trtrtx")` would lower. The model runs once, under no_grad.
+Only what needs the exported ONNX model is left out: nodes that the ONNX screen refuses at
+compile time (rule "parser-unsupported") show in the compile's logs, not here.
 
 Like `torch._dynamo.explain`, it resets Dynamo before and after (so that Dynamo traces the
 model afresh): models compiled earlier in the process recompile on their next call.

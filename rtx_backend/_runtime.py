@@ -44,6 +44,8 @@ class RegionModule(torch.nn.Module):
         self.validate = validate  # first-call check of each executor against PyTorch (_validation.py)
         self.validated_executor: object = None
         self.validation_lock = threading.Lock()  # concurrent first calls wait for the verdict
+        self.checked: object = None  # the executor whose check has finished (validated_executor is
+        # set when the check starts)
         self.profile = profile  # the engine's optimization profile, widened on demand
         self.widen_failed = False
 
@@ -62,12 +64,14 @@ class RegionModule(torch.nn.Module):
         runner = self.executor  # fit_profile may have swapped in an engine for a wider profile
         assert not isinstance(runner, TorchExecutor)
         outputs = tuple(runner(tensors))
-        if self.validate and self.validated_executor is not runner:
+        if self.validate and self.checked is not runner:
             with self.validation_lock:  # a thread must not return unchecked outputs while one checks
                 if self.executor is not runner:  # the check (in another thread) replaced the runner
-                    return self.forward(*args)
+                    return tuple(self.forward(*args))
                 if self.validated_executor is not runner:
                     outputs = first_call(self, args, outputs)
+                if self.validated_executor is runner:  # not during a CUDA graph capture
+                    self.checked = runner
         return outputs
 
     def fit_profile(self, tensors: list[torch.Tensor]) -> bool:

@@ -176,3 +176,14 @@ def test_no_warnings_from_explain_at_default_level(caplog):
         rtx_backend.explain(eval_model(WithEagerOp()), torch.randn(3, 16),
                             options={"min_block_size": 1, "target_compute_capabilities": [(8, 6)]})
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+
+
+@pytest.mark.gpu
+def test_without_declared_targets_the_current_gpu_is_the_target():
+    model = eval_model(WithEagerOp(), torch.float16, "cuda")
+    report = rtx_backend.explain(model, torch.randn(3, 16, device="cuda", dtype=torch.float16),
+                                 options={"min_block_size": 1})
+    assert report.targets == (torch.cuda.get_device_capability(),)
+    assert not report.targets_declared and report.engines == "built for this GPU"
+    assert "(this GPU)" in str(report)
+    assert report.eager_nodes == () and len(report.regions) == 1

@@ -143,6 +143,14 @@ def test_option_maps_on_symbols_by_argument_name_and_index():
     assert overrides == {symbols["l_x_"][1]: (4, 8, 256), symbols["l_mask_"][0]: (1, 2, 8)}
 
 
+def test_option_indexes_inputs_of_a_wrapped_module():
+    """Dynamo calls nn.Sequential through a wrapper: its input is args[0], which has no name."""
+    model = torch.nn.Sequential(torch.nn.Linear(16, 8), torch.nn.ReLU())
+    overrides, symbols = _overrides_seen_by_backend(model, (torch.randn(3, 16),),
+                                                    {"dynamic_shapes": {0: {0: (1, 4, 32)}}})
+    assert overrides == {symbols["l_args_0_"][0]: (1, 4, 32)}
+
+
 def test_option_naming_a_missing_input_warns(caplog):
     overrides, _ = _overrides_seen_by_backend(lambda x: x * 2, (torch.randn(3, 4),),
                                               {"dynamic_shapes": {"y": {0: (1, 2, 8)}}})

@@ -73,28 +73,31 @@ def test_two_models_compiled_and_run_concurrently():
 
 
 def test_threads_never_see_a_wrong_result_while_validation_decides(monkeypatch):
-    """The runtime is broken (zeros) and the first-call check is slow: threads that call while
-    it runs must not return the broken outputs as if they had been checked."""
+    """The runtime is broken (zeros). One thread compiles and makes the first call; while its
+    first-call check runs, other threads call the same compiled graph: none of them may return
+    the broken outputs as if they had been checked."""
     original_call = OrtExecutor.__call__
+    monkeypatch.setattr(OrtExecutor, "__call__", lambda self, t: [torch.zeros_like(o) for o in original_call(self, t)])
     original_compare = _validation.compare
+    checking = threading.Event()
 
     def slow_compare(*args, **kwargs):
-        time.sleep(0.3)  # keep the window open for the other threads
+        checking.set()
+        time.sleep(0.5)  # keep the window open for the other threads
         return original_compare(*args, **kwargs)
 
+    monkeypatch.setattr(_validation, "compare", slow_compare)
     model = eval_model(MLP())
     compiled = torch.compile(model, backend="trtrtx", options=ORT)
-    with torch.no_grad(), recording() as graphs:
-        compiled(torch.randn(4, 16))  # compiled in this thread, so every thread shares the region
-    (region,) = [r for g in graphs for r in g.regions]
-    # Now the runtime goes bad and the region's first-call check is still to come, as for a graph
-    # that one thread compiled while others start calling it.
-    monkeypatch.setattr(OrtExecutor, "__call__", lambda self, t: [torch.zeros_like(o) for o in original_call(self, t)])
-    monkeypatch.setattr(_validation, "compare", slow_compare)
-    region.validated_executor = None
-    assert _hammer(compiled, model, calls=3) < 1e-5
-    assert region.kind == "pytorch"
-    assert rtx_backend.stats()["validation_failures"] == 1  # one loud event, not one per thread
+    with ThreadPoolExecutor(1) as first:
+        x = torch.randn(4, 16)
+        first_result = first.submit(lambda: _hammer(compiled, model, n_threads=1, calls=1))
+        assert checking.wait(300)  # compiled, and its first call is being checked
+        assert _hammer(compiled, model, calls=3, barrier=False) < 1e-5
+        assert first_result.result() < 1e-5
+    stats = rtx_backend.stats()
+    assert stats["backend_calls"] == 1  # the others ran the graph the first thread compiled
+    assert stats["validation_failures"] == 1  # one loud event, not one per thread
 
 
 @pytest.mark.gpu
