@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 
 class RtxBackendError(RuntimeError):
     """Base class of every error raised by rtx_backend."""
@@ -30,7 +32,7 @@ class RegionRefused(BuildError):
     with those nodes in PyTorch; anything else treats it as a failed build.
     """
 
-    def __init__(self, reasons: dict[str, object]) -> None:
+    def __init__(self, reasons: Mapping[str, object]) -> None:
         self.reasons = dict(reasons)
         shown = "; ".join(f"{name}: {why}" for name, why in list(self.reasons.items())[:3])
         more = f" (+{len(self.reasons) - 3} more)" if len(self.reasons) > 3 else ""

@@ -44,6 +44,12 @@ def partition(
     _one_constant_per_use(gm)
     partitioner = CapabilityBasedPartitioner(gm, support, allows_single_node_partition=True)
     proposed: list[Partition] = partitioner.propose_partitions()
+    for part in proposed:
+        for node in _drop_weight_only_outputs(part):
+            support.reasons[node.name] = Reason(
+                "weights-only", "computed from weights alone for an op left in PyTorch"
+            )
+    proposed = [p for p in proposed if p.nodes]
     _adopt_constants(proposed)
     kept = []
     for part in proposed:
@@ -82,6 +88,31 @@ def _one_constant_per_use(gm: torch.fx.GraphModule) -> None:
                 twin = gm.graph.get_attr(node.target)
             twin.meta = dict(node.meta)
             user.replace_input_with(node, twin)
+
+
+def _drop_weight_only_outputs(part: Partition) -> list[torch.fx.Node]:
+    """Remove nodes computed from constants alone (e.g. a weight's transpose) that feed no other
+    node of the region: in the region they would only turn a weight into an engine output."""
+    weight_only: set[torch.fx.Node] = set()
+    changed = True
+    while changed:
+        changed = False
+        for node in list(part.nodes):
+            inputs = node.all_input_nodes
+            if inputs and all(i.op == "get_attr" or i in weight_only for i in inputs):
+                if node not in weight_only:
+                    weight_only.add(node)
+                    changed = True
+    dropped: list[torch.fx.Node] = []
+    changed = True
+    while changed:
+        changed = False
+        for node in [n for n in part.nodes if n in weight_only]:
+            if not any(u in part.nodes for u in node.users):
+                part.remove_node(node)
+                dropped.append(node)
+                changed = True
+    return dropped
 
 
 def _adopt_constants(partitions: list[Partition]) -> None:

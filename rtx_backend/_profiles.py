@@ -19,7 +19,7 @@ from typing import Any
 
 from . import _stats
 from ._engine import Profile
-from ._errors import BuildError
+from ._errors import RtxBackendError
 from ._onnx_bridge import TensorSpec
 from ._options import Options
 
@@ -51,8 +51,9 @@ def symbol_overrides(gm: Any, options: Options) -> dict[str, Range]:
     out: dict[str, Range] = {}
     for key, dims in options.dynamic_shapes.items():
         matches = [v for i, (name, v) in enumerate(inputs) if key in (i, name)]
-        if not matches:
-            log.warning("trtrtx: dynamic_shapes names input %r, which this graph does not take", key)
+        if not matches:  # a typo, or a graph after a graph break (it takes no model input)
+            log.log(logging.WARNING if inputs else logging.DEBUG,
+                    "trtrtx: dynamic_shapes names input %r, which this graph does not take", key)
             continue
         val = matches[0]
         for dim, rng in dims.items():
@@ -158,17 +159,22 @@ class EngineProfile:
     def __init__(self, profile: Profile, build: Callable[[Profile], bytes]) -> None:
         self.profile = profile
         self.build = build
-        self.failure: BuildError | None = None
+        self.failure: RtxBackendError | None = None
         self.lock = threading.Lock()
 
-    def fit(self, shapes: Mapping[str, tuple[int, ...]]) -> bytes | None:
-        """None when `shapes` lie in the profile; else the engine for a widened profile, which
-        becomes this profile. Raises BuildError when that engine cannot be built."""
+    def fit(self, shapes: Mapping[str, tuple[int, ...]], install: Callable[[bytes], None]) -> bool:
+        """Make the engine cover `shapes`: when they fall outside the profile, build the engine
+        for a widened profile and `install` it. Returns whether a new engine was installed;
+        raises RtxBackendError when none could be built or installed.
+
+        The profile changes only after `install` returns, under a lock, so a concurrent call
+        never sees the wider profile with the old engine still in place.
+        """
         if contains(self.profile, shapes):
-            return None
+            return False
         with self.lock:
             if contains(self.profile, shapes):  # another thread widened it meanwhile
-                return None
+                return False
             if self.failure is not None:
                 raise self.failure
             wider = widen(self.profile, shapes)
@@ -179,13 +185,14 @@ class EngineProfile:
             )
             try:
                 engine = self.build(wider)
-            except BuildError as exc:
+                _stats.count("engine_builds")
+                _stats.count("engine_rebuilds")
+                install(engine)
+            except RtxBackendError as exc:
                 self.failure = exc
                 raise
-            _stats.count("engine_builds")
-            _stats.count("engine_rebuilds")
             self.profile = wider
-            return engine
+            return True
 
 
 def _describe(profile: Profile) -> str:

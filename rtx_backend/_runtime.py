@@ -84,12 +84,7 @@ class RegionModule(torch.nn.Module):
         assert self.profile is not None and self.onnx is not None
         shapes = {s.name: tuple(t.shape) for s, t in zip(self.onnx.inputs, tensors)}
         try:
-            engine = self.profile.fit(shapes)
-            if engine is not None:
-                self.engine = engine
-                if isinstance(self.executor, TrtExecutor):
-                    old = self.executor
-                    self.executor = TrtExecutor(engine, self.onnx, old.options, old.name)
+            self.profile.fit(shapes, self._install_engine)
         except RtxBackendError as exc:
             if not self.widen_failed:
                 self.widen_failed = True
@@ -99,6 +94,13 @@ class RegionModule(torch.nn.Module):
                 )
             return not isinstance(self.executor, TrtExecutor)
         return True
+
+    def _install_engine(self, engine: bytes) -> None:
+        """Swap in an engine built for a wider profile (a new TensorRT-RTX context for it)."""
+        if isinstance(self.executor, TrtExecutor):
+            old = self.executor
+            self.executor = TrtExecutor(engine, old.region, old.options, old.name)
+        self.engine = engine
 
     def extra_repr(self) -> str:
         return f"{self.name}: {self.kind}"

@@ -58,10 +58,11 @@ def verdicts(gm: torch.fx.GraphModule, targets) -> dict[torch.fx.Node, Reason | 
     return {n: support.judge(n) for n in gm.graph.nodes if n.op == "call_function"}
 
 
-def plan(aten_gm: torch.fx.GraphModule, targets, min_block_size: int = 1):
+def plan(aten_gm: torch.fx.GraphModule, targets, min_block_size: int = 1, **options):
     """Policy + partition on a copy of the graph (partitioning edits it), as the backend plans."""
     gm = torch.fx.GraphModule(aten_gm, copy.deepcopy(aten_gm.graph))
-    return plan_graph(gm, Options.from_dict({"target_compute_capabilities": targets, "min_block_size": min_block_size}))
+    options.update(target_compute_capabilities=targets, min_block_size=min_block_size)
+    return plan_graph(gm, Options.from_dict(options))
 
 
 def region_ops(plan_or_regions) -> set:

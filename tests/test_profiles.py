@@ -63,25 +63,33 @@ def test_widen_grows_crossed_bounds_geometrically_and_keeps_opt():
 
 
 def test_engine_profile_builds_once_per_widening_and_counts_it():
-    built = []
+    built, installed = [], []
 
     def build(profile):
         built.append(profile)
         return f"engine{len(built)}".encode()
 
     engine = EngineProfile({"a": ((1,), (2,), (8,))}, build)
-    assert engine.fit({"a": (8,)}) is None
-    assert engine.fit({"a": (9,)}) == b"engine1"
+    assert engine.fit({"a": (8,)}, installed.append) is False
+    assert engine.fit({"a": (9,)}, installed.append) is True
+    assert installed == [b"engine1"]
     assert engine.profile == {"a": ((1,), (2,), (16,))}
-    assert engine.fit({"a": (12,)}) is None
+    assert engine.fit({"a": (12,)}, installed.append) is False
     assert len(built) == 1
     assert rtx_backend.stats()["engine_rebuilds"] == 1
     assert rtx_backend.stats()["engine_builds"] == 1
 
 
+def test_profile_changes_only_once_the_new_engine_is_installed():
+    engine = EngineProfile({"a": ((1,), (2,), (8,))}, lambda p: b"wide")
+    seen = []
+    engine.fit({"a": (9,)}, lambda e: seen.append(engine.profile["a"][2]))
+    assert seen == [(8,)] and engine.profile["a"][2] == (16,)
+
+
 def test_concurrent_calls_outside_the_profile_build_once():
     gate = threading.Event()
-    built = []
+    built, installed = [], []
 
     def build(profile):
         gate.wait(5)
@@ -90,28 +98,33 @@ def test_concurrent_calls_outside_the_profile_build_once():
 
     engine = EngineProfile({"a": ((1,), (2,), (8,))}, build)
     results = []
-    threads = [threading.Thread(target=lambda: results.append(engine.fit({"a": (10,)}))) for _ in range(4)]
+    threads = [threading.Thread(target=lambda: results.append(engine.fit({"a": (10,)}, installed.append)))
+               for _ in range(4)]
     for t in threads:
         t.start()
     gate.set()
     for t in threads:
         t.join()
-    assert len(built) == 1 and sorted(results, key=bool) == [None, None, None, b"wide"]
+    assert len(built) == 1 and installed == [b"wide"] and sorted(results) == [False, False, False, True]
 
 
-def test_failed_build_raises_and_is_remembered():
+@pytest.mark.parametrize("where", ["build", "install"])
+def test_failure_raises_and_is_remembered(where):
     calls = []
 
-    def build(profile):
-        calls.append(profile)
+    def fail(*args):
+        calls.append(args)
         raise BuildError("builder said no")
 
+    build = fail if where == "build" else (lambda p: b"engine")
+    install = fail if where == "install" else (lambda e: None)
     engine = EngineProfile({"a": ((1,), (2,), (8,))}, build)
     for _ in range(3):
         with pytest.raises(BuildError, match="builder said no"):
-            engine.fit({"a": (9,)})
+            engine.fit({"a": (9,)}, install)
     assert len(calls) == 1
-    assert engine.fit({"a": (3,)}) is None  # shapes inside still run on the old engine
+    assert engine.profile == {"a": ((1,), (2,), (8,))}
+    assert engine.fit({"a": (3,)}, install) is False  # shapes inside still run on the old engine
 
 
 # ---- the dynamic_shapes option -------------------------------------------------------------------

@@ -1,0 +1,144 @@
+"""The ONNX screen (rtx_backend/_screen.py): the policy table on exported ONNX nodes, TensorRT-RTX's
+parser asked what it cannot take, refused ONNX nodes mapped back to FX nodes, re-partitioning."""
+
+from __future__ import annotations
+
+import onnx
+import pytest
+import torch
+from onnx import TensorProto, helper
+from parameterized import parameterized
+from torch import nn
+
+import rtx_backend
+from rtx_backend import _policy
+from rtx_backend._onnx_bridge import export_region
+from rtx_backend._screen import fx_node_name, onnx_refusals, parser_refusals, screen_region
+
+from .helpers import _LAST, compile_and_run, regions
+from .test_policy import GEMM_OPS, lowered, plan, region_ops
+
+TURING = ((7, 5),)
+AMPERE = ((8, 6),)
+
+
+def _model(nodes, inputs, outputs, initializers=(), value_info=()) -> onnx.ModelProto:
+    graph = helper.make_graph(nodes, "g", inputs, outputs, initializer=list(initializers), value_info=list(value_info))
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)])
+
+
+def _matmul(elem: int, declare_input: bool = True) -> onnx.ModelProto:
+    a = helper.make_tensor_value_info("a", elem, [4, 8])
+    b = helper.make_tensor_value_info("b", elem, [8, 3])
+    y = helper.make_tensor_value_info("y", elem, [4, 3])
+    relu = helper.make_node("Relu", ["a"], ["r"])
+    matmul = helper.make_node("MatMul", ["r", "b"], ["y"])
+    info = [helper.make_tensor_value_info("r", elem, [4, 8])] if declare_input else []
+    return _model([relu, matmul], [a, b], [y], value_info=info)
+
+
+def _conv(elem: int, op: str, spatial: int) -> onnx.ModelProto:
+    x = helper.make_tensor_value_info("x", elem, [1, 2, *[4] * spatial])
+    y = helper.make_tensor_value_info("y", elem, None)
+    w = helper.make_tensor("w", elem, [2, 2, *[3] * spatial], [0.0] * (4 * 3**spatial))
+    return _model([helper.make_node(op, ["x", "w"], ["y"])], [x], [y], [w])
+
+
+@parameterized.expand([
+    ("fp32_matmul_turing", _matmul(TensorProto.FLOAT), TURING, "fp32-gemm-turing"),
+    ("fp32_matmul_ampere", _matmul(TensorProto.FLOAT), AMPERE, None),
+    ("fp16_matmul_turing", _matmul(TensorProto.FLOAT16), TURING, None),
+    ("unknown_dtype_fails_closed", _matmul(TensorProto.FLOAT16, declare_input=False), TURING, "fp32-gemm-turing"),
+    ("fp16_conv3d", _conv(TensorProto.FLOAT16, "Conv", 3), TURING, "conv3d-turing"),
+    ("fp32_conv2d", _conv(TensorProto.FLOAT, "Conv", 2), TURING, None),
+    ("fp32_deconv3d", _conv(TensorProto.FLOAT, "ConvTranspose", 3), TURING, "fp32-conv-transpose3d-turing"),
+    ("fp16_deconv3d", _conv(TensorProto.FLOAT16, "ConvTranspose", 3), TURING, None),
+    ("fp32_conv3d_sm89", _conv(TensorProto.FLOAT, "Conv", 3), ((8, 9),), None),
+])
+def test_family_rules_on_onnx_nodes(_name, model, targets, rule):
+    refusals = onnx_refusals(model, targets)
+    assert [r.rule for r in refusals.values()] == ([rule] if rule else [])
+    if rule:
+        index = next(iter(refusals))
+        assert model.graph.node[index].op_type in ("MatMul", "Conv", "ConvTranspose")
+        assert refusals[index].target == targets[0]
+
+
+def _bitwise_model() -> onnx.ModelProto:
+    a = helper.make_tensor_value_info("a", TensorProto.INT32, [4])
+    y = helper.make_tensor_value_info("y", TensorProto.INT32, [4])
+    nodes = [helper.make_node("Abs", ["a"], ["b"]), helper.make_node("BitwiseAnd", ["b", "a"], ["c"]),
+             helper.make_node("Neg", ["c"], ["y"])]
+    return _model(nodes, [a], [y])
+
+
+def test_parser_is_asked_which_nodes_it_cannot_take():
+    model = _bitwise_model()
+    refusals = parser_refusals(model.SerializeToString(), model)
+    assert list(refusals) == [1]
+    assert refusals[1].rule == "parser-unsupported" and "BitwiseAnd" in refusals[1].message
+
+
+def test_a_refusal_that_maps_to_no_fx_node_refuses_the_whole_region():
+    model = _bitwise_model()  # hand-made: no exporter metadata
+    refused = screen_region(model.SerializeToString(), ["abs_1", "bitwise_and", "neg"], AMPERE)
+    assert set(refused) == {"abs_1", "bitwise_and", "neg"}
+    assert all("maps to no FX node" in r.message for r in refused.values())
+
+
+def test_onnx_nodes_map_back_to_region_nodes_by_name():
+    mlp = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 8), nn.GELU(), nn.Linear(8, 4)).eval().half()
+    gm = lowered(mlp, torch.randn(2, 8).half())
+    # GELU stays in PyTorch: the second region holds addmm_2 alone, which export names "addmm"
+    p = plan(gm, [(8, 6)], torch_executed_ops=["aten.gelu"])
+    assert len(p.regions) == 2
+    mapped = {}
+    for name in p.regions:
+        region = getattr(p.graph_module, name)
+        fx_names = {n.name for n in region.graph.nodes if n.op == "call_function"}
+        proto = onnx.load_from_string(export_region(region).model)
+        for node in proto.graph.node:
+            if node.op_type == "Gemm":
+                mapped[fx_node_name(node)] = fx_names
+    assert set(mapped) == {"addmm", "addmm_1", "addmm_2"}
+    assert all(name in names for name, names in mapped.items())
+
+
+class Bitwise(nn.Module):
+    """Float math around integer bitwise ops (BitwiseAnd/Or: TensorRT-RTX's parser has neither)."""
+
+    def forward(self, x, i):
+        y = torch.sigmoid(x) * 2 + 1
+        j = (i & 3) | 4
+        return torch.relu(y + j.float()).exp() - 1
+
+
+@pytest.mark.parametrize("strict", [False, True])
+def test_parser_refusals_repartition_the_graph(strict):
+    x, i = torch.randn(2, 8), torch.arange(8)
+    y = compile_and_run(Bitwise(), x, i, min_block_size=1, target_compute_capabilities=[(8, 6)], strict=strict)
+    torch.testing.assert_close(y, Bitwise()(x, i))
+    reasons = _LAST[0].plan.reasons
+    refused = {name: r for name, r in reasons.items() if r.rule == "parser-unsupported"}
+    assert set(refused) == {"bitwise_and", "bitwise_or"}
+    assert all("Bitwise" in r.message for r in refused.values())
+    built = regions()
+    assert built and all(r.engine is not None for r in built)
+    assert not region_ops(built) & {torch.ops.aten.bitwise_and.Scalar, torch.ops.aten.bitwise_or.Scalar}
+
+
+def test_a_gemm_the_table_misses_is_caught_after_export(monkeypatch):
+    """Defence in depth: with the ATen table blind to GEMMs, the ONNX screen still keeps them out."""
+    monkeypatch.setattr(_policy, "_GEMM", _policy.re.compile(r"^$"))
+    model = nn.Sequential(nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 16), nn.Tanh()).eval()
+    x = torch.randn(4, 16)
+    y = compile_and_run(model, x, min_block_size=1, target_compute_capabilities=list(TURING))
+    with torch.no_grad():
+        torch.testing.assert_close(y, model(x), atol=1e-5, rtol=1e-5)
+    reasons = _LAST[0].plan.reasons
+    gemm_reasons = [r for r in reasons.values() if r.rule == "fp32-gemm-turing"]
+    assert len(gemm_reasons) == 2 and all("ONNX Gemm" in r.message for r in gemm_reasons)
+    built = regions()
+    assert built and all(r.engine is not None for r in built)
+    assert not region_ops(built) & GEMM_OPS
+    assert rtx_backend.stats()["engine_builds"] >= 2
