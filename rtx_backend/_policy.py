@@ -101,6 +101,8 @@ RULES: tuple[Rule, ...] = (
          families=GEMM, dtypes=FP32, below=TURING_AND_BELOW),
     Rule("conv3d-turing", "TensorRT-RTX cannot run forward 3D convolutions on Turing",
          families=CONV, spatial_ranks=frozenset({3}), below=TURING_AND_BELOW),
+    Rule("fp32-conv-transpose3d-turing", "TensorRT-RTX cannot run FP32 3D deconvolutions on Turing",
+         families=CONV_TRANSPOSE, dtypes=FP32, spatial_ranks=frozenset({3}), below=TURING_AND_BELOW),
 )
 
 # Op families by ATen op name (the packet, e.g. "mm"). Anything reaching a matrix multiply is a
