@@ -371,6 +371,7 @@ def main() -> None:
     parser.add_argument("--iters", type=int, default=50)
     parser.add_argument("--models", default="", help="comma-separated subset of models")
     parser.add_argument("--backends", default="", help="comma-separated subset of backends")
+    parser.add_argument("--dtypes", default="", help="comma-separated subset of dtypes: float16,float32")
     parser.add_argument("--skip", default="", help="comma-separated parts to skip: sweep,starts,overhead")
     parser.add_argument("--out", default=str(HERE / "results"))
     parser.add_argument("--tag", default="")
@@ -392,29 +393,38 @@ def main() -> None:
     skip = set(args.skip.split(","))
     results: dict[str, Any] = {"env": environment(), "backends": list(backends), "configs": []}
     rounds, iters = (2, 5) if smoke else (args.rounds, args.iters)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    gpu = results["env"].get("gpu", "cpu").replace(" ", "-")
+    stem = out / f"{results['env']['date']}-{gpu}{'-' + args.tag if args.tag else ''}{'-smoke' if smoke else ''}"
+    wanted = set(args.dtypes.split(",")) if args.dtypes else None
     for name, (factory, shape_of, batches, dtypes) in models.items():
         for dtype in dtypes:
+            if wanted and str(dtype).removeprefix("torch.") not in wanted:
+                continue
             for batch in batches:
                 print(f"-- {name} batch {batch} {dtype}", flush=True)
                 results["configs"].append(run_config(name, factory, shape_of(batch), dtype, backends, rounds, iters))
+                save(results, stem)  # partial results survive a time limit
     if "sweep" not in skip:
         results["dynamic_sweep"] = dynamic_sweep(smoke, cache_dir)
     if CUDA and "overhead" not in skip:
         results["overhead"] = overhead(cache_dir)
     if "starts" not in skip:
         results["fresh_process"] = fresh_process_starts(tempfile.mkdtemp(prefix="trtrtx-starts-"))
-    text = table(results)
+    text = save(results, stem)
     print(text)
     for key in ("dynamic_sweep", "overhead", "fresh_process"):
         if key in results:
             print(f"\n{key}: {json.dumps(results[key], indent=1)}")
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    gpu = results["env"].get("gpu", "cpu").replace(" ", "-")
-    stem = out / f"{results['env']['date']}-{gpu}{'-' + args.tag if args.tag else ''}{'-smoke' if smoke else ''}"
+    print(f"saved {stem}.json/.md" + (" and .png" if plot(results, stem.with_suffix(".png")) else " (no plot: matplotlib missing)"))
+
+
+def save(results: dict[str, Any], stem: Path) -> str:
+    text = table(results)
     stem.with_suffix(".json").write_text(json.dumps(results, indent=1))
     stem.with_suffix(".md").write_text(f"# {stem.name}\n\n```\n{json.dumps(results['env'], indent=1)}\n```\n\n{text}\n")
-    print(f"saved {stem}.json/.md" + (" and .png" if plot(results, stem.with_suffix(".png")) else " (no plot: matplotlib missing)"))
+    return text
 
 
 if __name__ == "__main__":
