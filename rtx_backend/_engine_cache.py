@@ -233,6 +233,7 @@ def encode(key: Key, entry: Entry) -> list[bytes]:
         "onnx": {"size": len(onnx), "sha256": hashlib.sha256(onnx).hexdigest()},
         "engine": {"size": len(engine), "sha256": hashlib.sha256(engine).hexdigest()},
     }
+    header["header_sha256"] = _header_digest(header)  # the region metadata and profile are served too
     head = json.dumps(header, sort_keys=True).encode()
     return [MAGIC, len(head).to_bytes(8, "little"), head, onnx, engine]
 
@@ -247,6 +248,8 @@ def decode(data: bytes, key: Key) -> Entry:
         raise CorruptEntry("truncated header")
     try:
         header = json.loads(data[start:start + head_len])
+        if header.pop("header_sha256", None) != _header_digest(header):
+            raise CorruptEntry("header checksum mismatch")
         if header["format"] != FORMAT or header["key"] != key.name or header["fields"] != key.fields:
             raise CorruptEntry("written for another key or format")
         onnx_at = start + head_len
@@ -262,9 +265,13 @@ def decode(data: bytes, key: Key) -> Entry:
         profile = {n: (tuple(lo), tuple(opt), tuple(hi)) for n, (lo, opt, hi) in header["profile"].items()}
     except CorruptEntry:
         raise
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:  # JSONDecodeError is a ValueError
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:  # JSONDecodeError is a ValueError
         raise CorruptEntry(f"unreadable header ({type(exc).__name__}: {exc})") from exc
     return Entry(region, engine, profile)
+
+
+def _header_digest(header: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(header, sort_keys=True).encode()).hexdigest()
 
 
 def _region_to_json(region: OnnxRegion) -> dict[str, Any]:

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from . import _runtime_cache, _trt
-from ._errors import CudaGraphError, RuntimeUnavailableError
+from ._errors import CudaGraphError, RtxBackendError, RuntimeUnavailableError
 from ._onnx_bridge import OnnxRegion
 from ._options import Options
 
@@ -123,6 +123,9 @@ class TrtExecutor:
         self.specialization = options.dynamic_shapes_kernel_specialization_strategy
         self.native_checked = False
         self.user_memory = False  # scratch memory from PyTorch on each call (contexts made in a capture)
+        # One context, one scratch memory: a call on another stream waits for the previous call's
+        # work, or two streams would run the engine over the same activations at once.
+        self._last_stream: Any = None
         self._scratch: torch.Tensor | None = None
         self._input_shapes: tuple[torch.Size, ...] = ()
         self._output_shapes: list[tuple[int, ...]] = []
@@ -200,8 +203,12 @@ class TrtExecutor:
                 if t.device != self.device:
                     t = t.to(self.device)
                 t = t.contiguous()  # a temporary copy stays valid: the allocator is stream-ordered
-                if new_shapes:
-                    ctx.set_input_shape(name, tuple(t.shape))
+                if new_shapes and not ctx.set_input_shape(name, tuple(t.shape)):
+                    self._shaped_context = None
+                    raise RtxBackendError(
+                        f"region {self.name}: TensorRT-RTX refused input shape {tuple(t.shape)} for {name} "
+                        "(outside the engine's optimization profile)"
+                    )
                 ctx.set_tensor_address(name, t.data_ptr())
             if new_shapes:  # shapes are sticky on a context: set them (and ask back) only on change
                 self._output_shapes = [tuple(ctx.get_tensor_shape(n)) for n in self.output_names]
@@ -221,6 +228,12 @@ class TrtExecutor:
                 )
             if self.native_graphs and not self.native_checked:
                 self._check_native(ctx, stream)
+            shared_scratch = not capturing and not self.user_memory
+            last = self._last_stream
+            if shared_scratch and last is not None and last.cuda_stream != stream.cuda_stream:
+                stream.wait_stream(last)
             if not ctx.execute_async_v3(stream.cuda_stream):
                 raise RuntimeError("TensorRT-RTX execute_async_v3 failed")
+            if shared_scratch:
+                self._last_stream = stream
         return outputs

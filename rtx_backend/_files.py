@@ -10,6 +10,7 @@ into a warning.
 from __future__ import annotations
 
 import contextlib
+import glob
 import os
 import tempfile
 import time
@@ -43,6 +44,7 @@ def atomic_write(path: Path, chunks: Iterable[bytes], *, lock: Path | None = Non
             with contextlib.suppress(OSError):
                 os.unlink(temp)
             raise
+        remove_stale_temps(path.parent, name=path.name)  # what a writer killed mid-write left
 
 
 def read_bytes(path: Path) -> bytes | None:
@@ -53,11 +55,13 @@ def read_bytes(path: Path) -> bytes | None:
         return None
 
 
-def remove_stale_temps(directory: Path, older_than_s: float = 3600.0) -> None:
-    """Delete temp files that a crashed writer left behind."""
+def remove_stale_temps(directory: Path, older_than_s: float = 3600.0, *, name: str | None = None) -> None:
+    """Delete temp files that a crashed writer left behind (only those of file `name` if given:
+    a runtime cache may live in a directory that is not ours)."""
     cutoff = time.time() - older_than_s
+    pattern = f".{glob.escape(name)}.*{TEMP_SUFFIX}" if name else f".*{TEMP_SUFFIX}"
     with contextlib.suppress(OSError):
-        for temp in directory.glob(f".*{TEMP_SUFFIX}"):
+        for temp in directory.glob(pattern):
             with contextlib.suppress(OSError):
                 if temp.stat().st_mtime < cutoff:
                     temp.unlink()

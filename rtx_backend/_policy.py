@@ -24,8 +24,6 @@ from torch.fx.passes.operator_support import OperatorSupportBase
 
 from ._options import Target
 
-ANY_TARGET: Target = (0, 0)  # key for rules that hold whatever the target
-
 
 @dataclasses.dataclass(frozen=True)
 class Reason:

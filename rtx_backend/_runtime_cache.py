@@ -44,6 +44,7 @@ class RuntimeCache:
         self.path = path
         self.lock = threading.Lock()
         self.saved_digest: bytes | None = None  # what the file holds, as far as we know
+        self.unread: str | None = None  # why an existing file could not be read: never write over it
 
     def load(self, fresh: Callable[[], Any]) -> None:
         """Fill the cache from its file; on any problem keep (or make) an empty one and warn."""
@@ -52,6 +53,9 @@ class RuntimeCache:
         try:
             data = _files.read_bytes(self.path)
         except OSError as exc:
+            # Unreadable is not corrupt: the file may be good (another user's, a transient error),
+            # so this process keeps its cache in memory rather than replace what it cannot judge.
+            self.unread = str(exc)
             _warn(f"trtrtx: cannot read the runtime cache {self.path} ({exc}); starting with an empty cache")
             return
         if data is None:
@@ -76,6 +80,10 @@ class RuntimeCache:
     def save(self) -> bool:
         """Write the cache to its file when it changed; False (with one warning) when it cannot."""
         if self.path is None:
+            return False
+        if self.unread is not None:
+            _warn(f"trtrtx: could not save the runtime cache to {self.path}: it could not be read ({self.unread}), "
+                  "so it is not overwritten; the cache stays in memory")
             return False
         try:
             with self.lock:

@@ -48,7 +48,6 @@ _UNKNOWN_DTYPES = frozenset({torch.float32, torch.float16, torch.bfloat16})  # u
 _STACK_TRACE = "pkg.torch.onnx.stack_trace"
 _FRAME = re.compile(r'File "<eval_with_key>[^"]*", line \d+')
 _ASSIGNMENT = re.compile(r"^\s*([A-Za-z_]\w*)\s*=")
-WHOLE_REGION = -1  # key of a refusal that names no ONNX node
 
 
 def check_region(
@@ -80,9 +79,9 @@ def screen_region(
     out: dict[str, Reason] = {}
     unmapped: list[Reason] = []
     for index, reason in sorted(refusals.items()):
-        name = fx_node_name(proto.graph.node[index]) if index != WHOLE_REGION else None
-        if name in fx_names:
-            out.setdefault(name, reason)  # type: ignore[arg-type]
+        name = fx_node_name(proto.graph.node[index])
+        if name is not None and name in fx_names:
+            out.setdefault(name, reason)
         else:
             unmapped.append(reason)
     if unmapped:
@@ -148,9 +147,12 @@ def parser_refusals(model: bytes, proto: onnx.ModelProto) -> dict[int, Reason]:
     if hasattr(parser, "supports_model_v2") and not parser.supports_model_v2(model):
         for i in range(parser.num_errors):
             error = parser.get_error(i)
-            index = error.node() if 0 <= error.node() < len(proto.graph.node) else WHOLE_REGION
-            message = f"TensorRT-RTX's ONNX parser rejects {error.node_operator() or 'the region'}: {error.desc()}"
-            out.setdefault(index, Reason("parser-unsupported", message))
+            if not 0 <= error.node() < len(proto.graph.node):
+                # Names no node: the build reports it, and the region falls back as a whole.
+                log.debug("trtrtx: TensorRT-RTX's ONNX parser: %s", error.desc())
+                continue
+            message = f"TensorRT-RTX's ONNX parser rejects {error.node_operator()}: {error.desc()}"
+            out.setdefault(error.node(), Reason("parser-unsupported", message))
     return out
 
 

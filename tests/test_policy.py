@@ -11,7 +11,6 @@ import onnx
 import pytest
 import torch
 import torch.nn.functional as F
-from parameterized import parameterized
 from torch import nn
 
 from rtx_backend import _engine
@@ -23,7 +22,7 @@ from rtx_backend._options import Options
 from rtx_backend._policy import CapabilitySupport, NodeFacts, Reason, op_family
 from rtx_backend._screen import onnx_refusals
 
-from .helpers import compile_and_run, regions
+from .helpers import _LAST, compile_and_run, regions
 from .zoo import ZOO
 
 TURING = [(7, 5)]
@@ -77,7 +76,7 @@ def region_nodes(p) -> set[str]:
 
 # ---- the table --------------------------------------------------------------------------------
 
-@parameterized.expand([
+@pytest.mark.parametrize(("name", "family"), [
     ("mm", "gemm"), ("addmm", "gemm"), ("bmm", "gemm"), ("baddbmm", "gemm"), ("addbmm", "gemm"),
     ("mv", "gemm"), ("addmv", "gemm"), ("dot", "gemm"), ("vdot", "gemm"), ("matmul", "gemm"),
     ("linear", "gemm"), ("einsum", "gemm"), ("_euclidean_dist", "gemm"),
@@ -95,7 +94,7 @@ def test_op_family(name, family):
     assert op_family(name) == family
 
 
-@parameterized.expand([
+@pytest.mark.parametrize(("facts", "target", "rule"), [
     # (facts, target, expected rule or None)
     (NodeFacts("gemm", frozenset({torch.float32}), frozenset({torch.float32}), None), (7, 5), "fp32-gemm-turing"),
     (NodeFacts("gemm", frozenset({torch.float32}), frozenset({torch.float32}), None), (8, 6), None),
@@ -159,7 +158,7 @@ GEMM_FORMS = {
 }
 
 
-@parameterized.expand(sorted(GEMM_FORMS))
+@pytest.mark.parametrize("name", sorted(GEMM_FORMS))
 def test_every_gemm_form_is_refused_in_fp32_on_turing(name):
     fn, shapes = GEMM_FORMS[name]
     for dtype in (torch.float32, torch.float16):
@@ -178,7 +177,7 @@ def test_every_gemm_form_is_refused_in_fp32_on_turing(name):
                     assert reason is None, (name, dtype, targets, node, reason)
 
 
-@parameterized.expand([
+@pytest.mark.parametrize(("_name", "fn", "shape"), [
     ("p2_few_rows", lambda a, b: torch.cdist(a, b), (5, 8)),
     ("p2_no_mm_mode", lambda a, b: torch.cdist(a, b, compute_mode="donot_use_mm_for_euclid_dist"), (30, 8)),
     ("p1", lambda a, b: torch.cdist(a, b, p=1.0), (30, 8)),
@@ -208,7 +207,7 @@ class Conv3d(nn.Module):
         return self.conv(x)
 
 
-@parameterized.expand([
+@pytest.mark.parametrize(("_name", "kwargs", "dims", "fp32_rule", "fp16_rule"), [
     ("conv3d", dict(), 3, "conv3d-turing", "conv3d-turing"),
     ("reflect", dict(padding_mode="reflect"), 3, "conv3d-turing", "conv3d-turing"),
     ("replicate", dict(padding_mode="replicate"), 3, "conv3d-turing", "conv3d-turing"),
@@ -342,7 +341,7 @@ REFUSED_ON_TURING = {
 }
 
 
-@parameterized.expand(sorted(REFUSED_ON_TURING))
+@pytest.mark.parametrize("name", sorted(REFUSED_ON_TURING))
 def test_turing_runs_fp32_gemm_conv3d_and_bf16_in_pytorch(name):
     make_model, make_inputs, nothing_left = REFUSED_ON_TURING[name]
     torch.manual_seed(0)
@@ -380,7 +379,7 @@ KEPT_ON_TURING = {
 }
 
 
-@parameterized.expand(sorted(KEPT_ON_TURING))
+@pytest.mark.parametrize("name", sorted(KEPT_ON_TURING))
 def test_turing_keeps_what_it_can_run(name):
     make_model, make_inputs, ops = KEPT_ON_TURING[name]
     torch.manual_seed(0)
@@ -409,6 +408,7 @@ def test_zoo_regions_build_for_every_target_set(entry, dtype):
     plans = {}
     for targets in TARGET_SETS:
         p = plans[str(targets)] = plan(aten_gm, targets)
+        assert {name for name, _op in p.eager_ops} <= set(p.reasons)  # every node left in PyTorch says why
         turing_reasons = {r.rule for r in p.reasons.values()} & TURING_RULES
         assert bool(turing_reasons) == ((7, 5) in targets and dtype in entry.turing_refuses), p.reasons
         for name in p.regions:
@@ -434,26 +434,34 @@ def test_zoo_regions_build_for_every_target_set(entry, dtype):
 # ---- GPU: the lowering on CUDA picks other SDPA kernels; they are GEMMs too ---------------------
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
 def test_gpu_sdpa_and_conv3d_lowered_on_cuda_are_judged(dtype):
     q = torch.randn(1, 2, 64, 32, device="cuda", dtype=dtype)
     gm = lowered(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True) * 2, q, q, q)
-    attention = [n for n in gm.graph.nodes if n.op == "call_function" and "attention" in str(n.target)]
+    judged = verdicts(gm, TURING)
+    attention = [n for n in judged if "attention" in str(n.target)]
     assert attention, gm.graph
-    for node, reason in verdicts(gm, TURING).items():
-        if node in attention:
-            assert (reason is not None and reason.rule == "fp32-gemm-turing") == (dtype == torch.float32)
+    for node in attention:
+        assert op_family(node.target._schema.name.split("::")[-1]) == "gemm", node.target
+        if dtype == torch.float32:
+            assert judged[node] is not None, node.target
     conv = nn.Conv3d(2, 3, 3).eval().to("cuda", dtype)
     gm = lowered(conv, torch.randn(1, 2, 5, 5, 5, device="cuda", dtype=dtype))
     assert {r.rule for r in verdicts(gm, TURING).values() if r} == {"conv3d-turing"}
 
 
 @pytest.mark.gpu
-def test_gpu_fp32_gemm_runs_on_tensorrt_rtx_without_a_turing_target():
-    model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 64)).eval().cuda()
-    x = torch.randn(8, 64, device="cuda")
-    y = compile_and_run(model, x, min_block_size=1, runtime="tensorrt_rtx")
+@pytest.mark.parametrize("entry", [e for e in ZOO if e.name in ("mlp", "self_attention", "conv3d")],
+                         ids=lambda e: e.name)
+def test_gpu_fp32_models_run_on_tensorrt_rtx_without_a_turing_target(entry):
+    """No declared target: the policy judges for this GPU, so FP32 GEMMs and 3D convolutions stay."""
+    torch.manual_seed(0)
+    model = entry.model().eval().cuda()
+    inputs = [x.cuda() for x in entry.inputs(torch.float32)]
+    y = compile_and_run(model, *inputs, min_block_size=1, runtime="tensorrt_rtx")
     with torch.no_grad():
-        torch.testing.assert_close(y, model(x), atol=1e-3, rtol=1e-3)
+        torch.testing.assert_close(y, model(*inputs), atol=1e-2, rtol=1e-2)  # TF32 in the engine
     assert y.abs().sum() > 0
-    assert [r.kind for r in regions()] == ["tensorrt_rtx"]
+    built = [r for r in regions() if r.engine is not None]
+    assert built and all(r.kind == "tensorrt_rtx" for r in built)
+    assert not any(r.rule in TURING_RULES for g in _LAST for r in g.plan.reasons.values())

@@ -90,7 +90,6 @@ def test_threads_never_see_a_wrong_result_while_validation_decides(monkeypatch):
     model = eval_model(MLP())
     compiled = torch.compile(model, backend="trtrtx", options=ORT)
     with ThreadPoolExecutor(1) as first:
-        x = torch.randn(4, 16)
         first_result = first.submit(lambda: _hammer(compiled, model, n_threads=1, calls=1))
         assert checking.wait(300)  # compiled, and its first call is being checked
         assert _hammer(compiled, model, calls=3, barrier=False) < 1e-5

@@ -153,7 +153,7 @@ def test_out_of_range_index_is_an_error_not_garbage():
     good = torch.tensor([[1, 2, 3]])
     y, _ = _run(compiled, good)
     torch.testing.assert_close(y, model(good))
-    with pytest.raises(Exception, match="out of|index"):
+    with pytest.raises(Exception, match=r"out of|index"):
         _run(compiled, torch.tensor([[1, 2, 30]]))
 
 
@@ -166,12 +166,12 @@ GPU = {"min_block_size": 1, "runtime": "tensorrt_rtx"}
 def test_gpu_wrong_device_input_is_the_eager_error():
     model = eval_model(MLP(), device="cuda")
     compiled = torch.compile(model, backend="trtrtx", options=GPU)
-    y, regions = _run(compiled, torch.randn(4, 16, device="cuda"))
+    _, regions = _run(compiled, torch.randn(4, 16, device="cuda"))
     assert [r.kind for r in regions] == ["tensorrt_rtx"]
     x = torch.randn(4, 16)  # on the CPU
     with pytest.raises(RuntimeError):
         model(x)
-    with pytest.raises(Exception, match="(?i)device|cuda|cpu"):
+    with pytest.raises(Exception, match=r"(?i)device|cuda|cpu"):
         _run(compiled, x)
 
 
@@ -185,7 +185,8 @@ def test_gpu_dtype_layout_zero_size_and_profile_changes():
     for x in cases:
         y, _ = _run(compiled, x)
         assert y.device == x.device and y.dtype == x.dtype
-        torch.testing.assert_close(y, model(x), **_tolerance(x.dtype))
+        tol = 1e-2 if x.dtype == torch.float16 else 1e-4  # TensorRT-RTX's own fp16 kernels
+        torch.testing.assert_close(y, model(x), atol=tol, rtol=tol)
     mlp = eval_model(MLP(), device="cuda")
     dyn = torch.compile(mlp, backend="trtrtx", dynamic=True, options={**GPU, "dynamic_shapes": {0: {0: (1, 4, 8)}}})
     for n in (4, 8, 16, 100, 2):

@@ -11,6 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+
+pytest.importorskip("hypothesis", reason="the property tests need hypothesis (pip install -e '.[test]')")
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 

@@ -7,7 +7,6 @@ import onnx
 import pytest
 import torch
 from onnx import TensorProto, helper
-from parameterized import parameterized
 from torch import nn
 
 import rtx_backend
@@ -44,7 +43,7 @@ def _conv(elem: int, op: str, spatial: int) -> onnx.ModelProto:
     return _model([helper.make_node(op, ["x", "w"], ["y"])], [x], [y], [w])
 
 
-@parameterized.expand([
+@pytest.mark.parametrize(("_name", "model", "targets", "rule"), [
     ("fp32_matmul_turing", _matmul(TensorProto.FLOAT), TURING, "fp32-gemm-turing"),
     ("fp32_matmul_ampere", _matmul(TensorProto.FLOAT), AMPERE, None),
     ("fp16_matmul_turing", _matmul(TensorProto.FLOAT16), TURING, None),
