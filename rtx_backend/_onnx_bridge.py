@@ -7,6 +7,7 @@ named dim_params. Inputs and outputs get stable names: input_0.., output_0..
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import dataclasses
 import io
@@ -185,7 +186,7 @@ def _replace_with_constant(node: torch.fx.Node, value: int) -> None:
         user.kwargs = torch.fx.node.map_arg(user.kwargs, lambda a: value if a is node else a)  # type: ignore[arg-type,return-value]
 
 
-def _example(spec: TensorSpec, device: str = "cpu") -> torch.Tensor:
+def _example(spec: TensorSpec, device: torch.device | str = "cpu") -> torch.Tensor:
     if spec.dtype.is_floating_point:
         return torch.randn(spec.hint, device=device).to(spec.dtype)
     if spec.dtype == torch.bool:
@@ -237,11 +238,13 @@ def export_region(gm: torch.fx.GraphModule, *, optimize: bool = True) -> OnnxReg
         raise BuildError("a region output is not a tensor")
     outputs = tuple(_spec(f"output_{k}", v) for k, v in enumerate(out_vals))
     wrapper = _Wrapper(gm, tensor_args, len(placeholders))
-    args = tuple(_example(s) for s in inputs)
-    try:
+    # examples live where the region's weights live (a CUDA model exports with CUDA examples)
+    args = tuple(_example(s, placeholders[i].meta["val"].device) for s, i in zip(inputs, tensor_args))
+
+    def export() -> Any:
         with _outside_dynamo(), warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
             warnings.simplefilter("ignore")
-            program = torch.onnx.export(
+            return torch.onnx.export(
                 wrapper,
                 args,
                 dynamo=True,
@@ -252,6 +255,13 @@ def export_region(gm: torch.fx.GraphModule, *, optimize: bool = True) -> OnnxReg
                 verbose=False,
                 report=False,
             )
+
+    try:
+        # A thread of its own: the exporter starts from clean thread-local state (no Dynamo eval-frame
+        # callback, tracing context or fake mode of the user's compile), and an export that fails
+        # half-way cannot leave its modes behind in the thread that goes on running the model.
+        with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="trtrtx-export") as pool:
+            program = pool.submit(export).result()
     except Exception as exc:
         raise BuildError(f"ONNX export failed: {_first_line(exc)}") from exc
     if program is None:

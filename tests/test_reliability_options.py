@@ -171,7 +171,8 @@ def _option_dicts(root: str) -> st.SearchStrategy:
         "dynamic_shapes_kernel_specialization_strategy": st.sampled_from(["lazy", "eager", "none", "LAZY"]),
         "cuda_graph_strategy": st.sampled_from(["disabled", "whole_graph_capture"]),
         "dynamic_shapes": st.one_of(st.none(), st.dictionaries(
-            st.integers(0, 2), st.dictionaries(st.integers(-2, 2), valid_range, max_size=2), max_size=2)),
+            st.one_of(st.integers(0, 2), st.sampled_from(["x", "other"])),
+            st.dictionaries(st.integers(-2, 2), valid_range, max_size=2), max_size=2)),
         "default_max_dim": st.integers(1, 4096),
         "runtime_cache_path": _paths(root),
         "engine_cache_dir": _paths(root),
@@ -191,7 +192,8 @@ def _option_dicts(root: str) -> st.SearchStrategy:
         "torch_executed_ops": st.one_of(st.lists(st.sampled_from(["aten.rleu", "relu", 3, "aten.add.Nope"]),
                                                  min_size=1, max_size=2), junk),
         "runtime": st.one_of(st.sampled_from(["trt", "cuda", ""]), junk),
-        "dynamic_shapes": st.one_of(st.dictionaries(st.integers(-1, 2), st.dictionaries(
+        "dynamic_shapes": st.one_of(st.dictionaries(st.one_of(st.integers(-1, 2), st.sampled_from(["1x", "", 2.0])),
+                                                    st.dictionaries(
             st.integers(-2, 2), rng, min_size=1, max_size=2), min_size=1, max_size=2), junk),
         "default_max_dim": st.one_of(st.integers(-1, 0), st.integers(2**31, 2**33), junk),
         "engine_cache_dir": st.one_of(st.just("bad\0dir"), junk),
