@@ -126,6 +126,7 @@ class TrtExecutor:
         # One context, one scratch memory: a call on another stream waits for the previous call's
         # work, or two streams would run the engine over the same activations at once.
         self._last_stream: Any = None
+        self._side: torch.cuda.Stream | None = None
         self._scratch: torch.Tensor | None = None
         self._input_shapes: tuple[torch.Size, ...] = ()
         self._output_shapes: list[tuple[int, ...]] = []
@@ -150,6 +151,11 @@ class TrtExecutor:
         if context is None:
             raise RuntimeUnavailableError("TensorRT-RTX could not create an execution context")
         return context
+
+    def _side_stream(self) -> torch.cuda.Stream:
+        if self._side is None:
+            self._side = torch.cuda.Stream(self.device)
+        return self._side
 
     def _fit_outer_capture(self) -> None:
         """Recreate the context (once) so that an outer CUDA graph capture can record it."""
@@ -232,8 +238,20 @@ class TrtExecutor:
             last = self._last_stream
             if shared_scratch and last is not None and last.cuda_stream != stream.cuda_stream:
                 stream.wait_stream(last)
-            if not ctx.execute_async_v3(stream.cuda_stream):
-                raise RuntimeError("TensorRT-RTX execute_async_v3 failed")
+            run_on = stream
+            if self.native_graphs and stream.cuda_stream == 0 and not capturing:
+                # CUDA cannot capture the legacy default stream: TensorRT-RTX's own graphs run on a
+                # side stream, ordered after and before the caller's work.
+                run_on = self._side_stream()
+                run_on.wait_stream(stream)
+            errors = _trt.logger().errors
+            errors.clear()
+            if not ctx.execute_async_v3(run_on.cuda_stream):
+                raise RtxBackendError(
+                    f"region {self.name}: TensorRT-RTX execute_async_v3 failed: {'; '.join(errors) or 'no message'}"
+                )
+            if run_on is not stream:
+                stream.wait_stream(run_on)
             if shared_scratch:
                 self._last_stream = stream
         return outputs

@@ -63,6 +63,8 @@ class RegionModule(torch.nn.Module):
             return tuple(self.graph_module(*args))  # no engine for these shapes: PyTorch runs them
         runner = self.executor  # fit_profile may have swapped in an engine for a wider profile
         assert not isinstance(runner, TorchExecutor)
+        if isinstance(runner, TrtExecutor) and any(t.numel() == 0 for t in tensors):
+            return tuple(self.graph_module(*args))  # TensorRT-RTX does not run empty tensors
         outputs = tuple(runner(tensors))
         if self.validate and self.checked is not runner:
             with self.validation_lock:  # a thread must not return unchecked outputs while one checks

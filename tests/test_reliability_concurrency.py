@@ -52,17 +52,6 @@ def test_warm_model_from_many_threads():
     assert rtx_backend.stats()["backend_calls"] == 1  # no recompiles from threads
 
 
-def test_cold_start_from_many_threads():
-    """All threads make the first call together: every result right. (Dynamo compiles the frame
-    once per thread that was waiting for its compile lock, so up to THREADS compiles happen: the
-    README says to warm up in one thread first.)"""
-    model = eval_model(MLP())
-    compiled = torch.compile(model, backend="trtrtx", options=ORT)
-    assert _hammer(compiled, model, calls=5) < 1e-5
-    stats = rtx_backend.stats()
-    assert 1 <= stats["backend_calls"] <= THREADS and stats["validations"] == stats["backend_calls"]
-
-
 def test_two_models_compiled_and_run_concurrently():
     models = [eval_model(MLP()), eval_model(WithEagerOp())]
     compiled = [torch.compile(m, backend="trtrtx", options=ORT) for m in models]
