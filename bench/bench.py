@@ -235,6 +235,7 @@ def child_start(cache_dir: str) -> None:
     import rtx_backend
 
     model_name = "resnet18" if CUDA else "mlp"
+    torch.manual_seed(0)  # the same weights in every child: the engine-cache key covers them
     model = (resnet(18) if CUDA else mlp(64, 4)).eval().to(DEVICE, torch.float16 if CUDA else torch.float32)
     model.requires_grad_(False)
     x = torch.randn(1, 3, 224, 224) if CUDA else torch.randn(1, 64)
