@@ -15,27 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-
-class MLP(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.net = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 32), nn.GELU(), nn.Linear(32, 8))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.net(x)
-
-
-class ConvNet(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.c1 = nn.Conv2d(3, 8, 3, padding=1)
-        self.bn = nn.BatchNorm2d(8)
-        self.c2 = nn.Conv2d(8, 4, 3)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = torch.relu(self.bn(self.c1(x)))
-        y = F.max_pool2d(y, 2)
-        return self.c2(y).flatten(1).softmax(-1)
+from .models import MLP, ConvNet
 
 
 class ResNetish(nn.Module):
