@@ -49,6 +49,7 @@ class FakeContext:
         self.shapes: dict[str, tuple[int, ...]] = {}
         self.queried: list[int] = []
         self.runs = 0
+        self.run_streams: list[int] = []
 
     def set_input_shape(self, name: str, shape: tuple[int, ...]) -> bool:
         self.shapes[name] = shape
@@ -69,6 +70,7 @@ class FakeContext:
 
     def execute_async_v3(self, stream: int) -> bool:
         self.runs += 1
+        self.run_streams.append(stream)
         return True
 
 
@@ -90,20 +92,32 @@ class FakeEngine:
         return _trt.trt().DataType.FLOAT
 
 
+class FakeStream:
+    """A CUDA stream stand-in: remembers which streams it was told to wait for."""
+
+    def __init__(self, world: World, cuda_stream: int) -> None:
+        self.world = world
+        self.cuda_stream = cuda_stream
+
+    def wait_stream(self, other: FakeStream) -> None:
+        self.world.waits.append((self.cuda_stream, other.cuda_stream))
+
+
 class World:
     """The fake CUDA state the executor sees: is the stream capturing, which stream is current."""
 
     def __init__(self) -> None:
         self.capturing = False
         self.stream = 7
+        self.waits: list[tuple[int, int]] = []  # (waiting stream, stream waited for)
 
 
 @pytest.fixture
 def fake_executor(monkeypatch):
     world = World()
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: types.SimpleNamespace(cuda_stream=world.stream))
-    monkeypatch.setattr(torch.cuda, "Stream", lambda device=None: types.SimpleNamespace(cuda_stream=99))
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: FakeStream(world, world.stream))
+    monkeypatch.setattr(torch.cuda, "Stream", lambda device=None: FakeStream(world, 99))
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: world.capturing)
     monkeypatch.setattr(_runtime_cache, "_CACHES", {})
     monkeypatch.setattr(_runtime_cache, "gpu_identity_parts", lambda: ("NVIDIA GeForce RTX 3090", (8, 6)))
@@ -193,6 +207,10 @@ def test_native_capture_of_an_uncapturable_engine_warns_once(fake_executor, capl
     assert caplog.text.count("not stream-capturable") == 1
     assert engine.contexts[0].queried == [99]
     assert engine.contexts[0].runs == 3
+    # CUDA cannot capture the legacy stream: the engine runs on the side stream, after and
+    # before the caller's work
+    assert engine.contexts[0].run_streams == [99, 99, 99]
+    assert world.waits == [(99, 0), (0, 99)] * 3
 
 
 def test_native_capture_with_lazy_dynamic_inputs_says_when_graphs_start(fake_executor, caplog):
