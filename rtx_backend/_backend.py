@@ -130,8 +130,8 @@ def compile_region(
     name: str, region_gm: torch.fx.GraphModule, overrides: dict[str, Any], options: Options
 ) -> RegionModule:
     """Export, build and pick an executor for one region; on failure fall back to PyTorch."""
-    n_args = sum(1 for n in region_gm.graph.nodes if n.op == "placeholder")
-    reference = torch.fx.GraphModule(region_gm, region_gm.graph)  # before the bridge edits it
+    # the region as PyTorch runs it, with a graph of its own: the bridge edits region_gm's
+    reference = torch.fx.GraphModule(region_gm, copy.deepcopy(region_gm.graph))
     onnx_region = engine = None
     try:
         onnx_region, engine = export_and_build(region_gm, overrides, options)
@@ -148,7 +148,7 @@ def compile_region(
             raise error from exc
         log.warning("trtrtx: region %s runs in PyTorch: %s", name, error)
         log.debug("trtrtx: region %s failed", name, exc_info=exc)
-        return RegionModule(name, reference, onnx_region, engine, TorchExecutor(reference, None, n_args))
+        return RegionModule(name, reference, onnx_region, engine, TorchExecutor(reference))
     profile = make_profile(onnx_region.inputs, overrides, options) if engine is not None else {}
     widener = EngineProfile(profile, functools.partial(_build_for, onnx_region.model, options)) if profile else None
     return RegionModule(name, reference, onnx_region, engine, executor, validate=options.validate, profile=widener)

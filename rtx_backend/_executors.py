@@ -43,10 +43,8 @@ class TorchExecutor:
 
     kind = "pytorch"
 
-    def __init__(self, gm: torch.fx.GraphModule, region: OnnxRegion | None, n_args: int) -> None:
+    def __init__(self, gm: torch.fx.GraphModule) -> None:
         self.gm = gm
-        self.tensor_args = region.tensor_args if region else None
-        self.n_args = n_args
 
     def run_args(self, args: Sequence[Any]) -> list[torch.Tensor]:
         return list(self.gm(*args))

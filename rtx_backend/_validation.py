@@ -67,8 +67,7 @@ def first_call(module: Any, args: Sequence[Any], outputs: tuple[torch.Tensor, ..
         module.name, executor.kind, failed_text,
     )
     _stats.count("validation_failures")
-    n_args = sum(1 for n in module.graph_module.graph.nodes if n.op == "placeholder")
-    torch_executor = TorchExecutor(module.graph_module, module.onnx, n_args)
+    torch_executor = TorchExecutor(module.graph_module)
     module.executor = torch_executor
     module.validated_executor = torch_executor
     return reference
