@@ -18,7 +18,7 @@ import torch
 
 from . import _stats, _targets, _trt
 from ._dump import dump_region
-from ._engine import build
+from ._engine import Profile, build
 from ._engine_cache import EngineCache
 from ._engine_cache import Entry as CacheEntry
 from ._errors import BuildError, RegionRefused, RtxBackendError, RuntimeUnavailableError
@@ -134,7 +134,7 @@ def compile_region(
     reference = torch.fx.GraphModule(region_gm, copy.deepcopy(region_gm.graph))
     onnx_region = engine = None
     try:
-        onnx_region, engine = export_and_build(region_gm, overrides, options)
+        onnx_region, engine, profile = export_and_build(region_gm, overrides, options)
         if options.dump_onnx_dir:
             dump_region(name, onnx_region, options.dump_onnx_dir)
         executor = choose_executor(name, onnx_region, engine, options, _device(reference))
@@ -149,38 +149,37 @@ def compile_region(
         log.warning("trtrtx: region %s runs in PyTorch: %s", name, error)
         log.debug("trtrtx: region %s failed", name, exc_info=exc)
         return RegionModule(name, reference, onnx_region, engine, TorchExecutor(reference))
-    profile = make_profile(onnx_region.inputs, overrides, options) if engine is not None else {}
     widener = EngineProfile(profile, functools.partial(_build_for, onnx_region.model, options)) if profile else None
     return RegionModule(name, reference, onnx_region, engine, executor, validate=options.validate, profile=widener)
 
 
 def export_and_build(
     region_gm: torch.fx.GraphModule, overrides: dict[str, Any], options: Options
-) -> tuple[OnnxRegion, bytes | None]:
-    """The region's ONNX model and engine: from the engine cache when it holds them, else
-    exported and built (and stored). No engine where none can be built or none is wanted."""
+) -> tuple[OnnxRegion, bytes | None, Profile]:
+    """The region's ONNX model, engine and the engine's profile: from the engine cache when it
+    holds them, else exported and built (and stored). No engine (and an empty profile) where none
+    can be built or none is wanted."""
     if not (_targets.can_build(options) and options.runtime != "onnxruntime"):
-        return export_region(region_gm, optimize=options.optimize_onnx), None
+        return export_region(region_gm, optimize=options.optimize_onnx), None, {}
     cache = EngineCache.for_options(options)
     inputs = input_specs(region_gm)
     key = cache.key(region_gm, make_profile(inputs, overrides, options), options) if cache else None
     hit = cache.load(key, inputs) if cache and key else None
     if hit is not None:
-        return hit.region, hit.engine
+        return hit.region, hit.engine, hit.profile
     fx_names = [n.name for n in region_gm.graph.nodes if n.op == "call_function"]
     onnx_region = export_region(region_gm, optimize=options.optimize_onnx)  # edits region_gm
     check_region(onnx_region.model, fx_names, _targets.policy_targets(options))  # may raise RegionRefused
     profile = make_profile(onnx_region.inputs, overrides, options)
-    with build_progress(options) as monitor:
-        built = build(onnx_region.model, options.target_compute_capabilities, profile, monitor=monitor)
+    engine = _build_for(onnx_region.model, options, profile)
     _stats.count("engine_builds")
     if cache and key and onnx_region.inputs == inputs:
-        cache.store(key, CacheEntry(onnx_region, built.data, profile))
-    return onnx_region, built.data
+        cache.store(key, CacheEntry(onnx_region, engine, profile))
+    return onnx_region, engine, profile
 
 
-def _build_for(onnx_model: bytes, options: Options, profile: dict[str, Any]) -> bytes:
-    """An engine for another profile of the same region (a call fell outside the first one)."""
+def _build_for(onnx_model: bytes, options: Options, profile: Profile) -> bytes:
+    """An engine for the region's model and a profile (also when a call fell outside the first one)."""
     with build_progress(options) as monitor:
         return build(onnx_model, options.target_compute_capabilities, profile, monitor=monitor).data
 
