@@ -75,6 +75,16 @@ class OrtExecutor:
         ]
 
 
+def current_raw_stream(device_index: int) -> int:
+    """torch's current CUDA stream as a handle (no Stream object: this is on every call's path)."""
+    return torch._C._cuda_getCurrentRawStream(device_index)  # type: ignore[no-any-return]
+
+
+def stream_capturing() -> bool:
+    """Whether torch's current CUDA stream is being captured into a CUDA graph."""
+    return torch._C._cuda_isCurrentStreamCapturing()  # type: ignore[no-any-return]
+
+
 def deserialize(engine_bytes: bytes) -> Any:
     """The engine on this GPU, or raise RuntimeUnavailableError saying why it cannot run here."""
     if not torch.cuda.is_available():
@@ -124,11 +134,13 @@ class TrtExecutor:
         # One context, one scratch memory: a call on another stream waits for the previous call's
         # work, or two streams would run the engine over the same activations at once.
         self._last_stream: Any = None
+        self._last_raw: int | None = None
         self._side: torch.cuda.Stream | None = None
         self._scratch: torch.Tensor | None = None
         self._input_shapes: tuple[torch.Size, ...] = ()
         self._output_shapes: list[tuple[int, ...]] = []
-        self._shaped_context: Any = None
+        self._bound_context: Any = None  # the context that `_bound` and `_input_shapes` describe
+        self._bound: dict[str, int] = {}  # tensor name -> address set on the context
         self.context = self._make_context()
         _runtime_cache.save_on_release(self, self._cache_ref)
 
@@ -195,61 +207,75 @@ class TrtExecutor:
             )
 
     def __call__(self, tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        stream = torch.cuda.current_stream(self.device)
-        capturing = torch.cuda.is_current_stream_capturing()
+        # The hot path: raw stream handles, and TensorRT-RTX calls only for what changed since the
+        # last call (shapes are sticky on a context, and so are tensor addresses).
+        raw = current_raw_stream(self.device.index)
+        capturing = stream_capturing()
         with self.lock:
             if capturing:
                 self._fit_outer_capture()
             ctx = self.context
+            if ctx is not self._bound_context:
+                self._bound_context, self._bound, self._input_shapes = ctx, {}, ()
+            bound = self._bound
             shapes = tuple(t.shape for t in tensors)
-            new_shapes = ctx is not self._shaped_context or shapes != self._input_shapes
+            new_shapes = shapes != self._input_shapes
             for name, t in zip(self.input_names, tensors):
                 if t.device != self.device:
                     t = t.to(self.device)
-                t = t.contiguous()  # a temporary copy stays valid: the allocator is stream-ordered
+                if not t.is_contiguous():
+                    t = t.contiguous()  # a temporary copy stays valid: the allocator is stream-ordered
                 if new_shapes and not ctx.set_input_shape(name, tuple(t.shape)):
-                    self._shaped_context = None
+                    self._input_shapes = ()
                     raise RtxBackendError(
                         f"region {self.name}: TensorRT-RTX refused input shape {tuple(t.shape)} for {name} "
                         "(outside the engine's optimization profile)"
                     )
-                ctx.set_tensor_address(name, t.data_ptr())
-            if new_shapes:  # shapes are sticky on a context: set them (and ask back) only on change
+                ptr = t.data_ptr()
+                if bound.get(name) != ptr:
+                    ctx.set_tensor_address(name, ptr)
+                    bound[name] = ptr
+            if new_shapes:  # set shapes (and ask the output shapes back) only on change
                 self._output_shapes = [tuple(ctx.get_tensor_shape(n)) for n in self.output_names]
-                self._input_shapes, self._shaped_context = shapes, ctx
+                self._input_shapes = shapes
             outputs = []
             for name, dtype, shape in zip(self.output_names, self.output_dtypes, self._output_shapes):
                 out = torch.empty(shape, dtype=dtype, device=self.device)
-                ctx.set_tensor_address(name, out.data_ptr())
+                ptr = out.data_ptr()
+                if bound.get(name) != ptr:
+                    ctx.set_tensor_address(name, ptr)
+                    bound[name] = ptr
                 outputs.append(out)
             if self.user_memory:
                 self._bind_memory(ctx)
-            if capturing and not ctx.is_stream_capturable(stream.cuda_stream):
+            if capturing and not ctx.is_stream_capturable(raw):
                 raise CudaGraphError(
                     f"region {self.name} cannot be recorded by the CUDA graph being captured: TensorRT-RTX "
                     "reports its engine as not stream-capturable (data-dependent shapes or on-device control "
                     "flow). Call the compiled model outside the capture."
                 )
             if self.native_graphs and not self.native_checked:
-                self._check_native(ctx, stream)
+                self._check_native(ctx, torch.cuda.current_stream(self.device))
             shared_scratch = not capturing and not self.user_memory
-            last = self._last_stream
-            if shared_scratch and last is not None and last.cuda_stream != stream.cuda_stream:
-                stream.wait_stream(last)
-            run_on = stream
-            if self.native_graphs and stream.cuda_stream == 0 and not capturing:
+            if shared_scratch and self._last_raw is not None and self._last_raw != raw:
+                # another stream than last call's: wait for that call's use of the scratch memory
+                torch.cuda.current_stream(self.device).wait_stream(self._last_stream)
+            run_on = raw
+            if self.native_graphs and raw == 0 and not capturing:
                 # CUDA cannot capture the legacy default stream: TensorRT-RTX's own graphs run on a
                 # side stream, ordered after and before the caller's work.
-                run_on = self._side_stream()
-                run_on.wait_stream(stream)
+                side = self._side_stream()
+                side.wait_stream(torch.cuda.current_stream(self.device))
+                run_on = side.cuda_stream
             errors = _trt.logger().errors
-            errors.clear()
-            if not ctx.execute_async_v3(run_on.cuda_stream):
+            if errors:
+                errors.clear()
+            if not ctx.execute_async_v3(run_on):
                 raise RtxBackendError(
                     f"region {self.name}: TensorRT-RTX execute_async_v3 failed: {'; '.join(errors) or 'no message'}"
                 )
-            if run_on is not stream:
-                stream.wait_stream(run_on)
-            if shared_scratch:
-                self._last_stream = stream
+            if run_on != raw:
+                torch.cuda.current_stream(self.device).wait_stream(self._side_stream())
+            if shared_scratch and self._last_raw != raw:
+                self._last_raw, self._last_stream = raw, torch.cuda.current_stream(self.device)
         return outputs

@@ -16,6 +16,8 @@ import torch
 from torch._functorch.aot_autograd import aot_module_simplified, make_boxed_func
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
+from . import _decompositions
+
 InferenceCompiler = Callable[[torch.fx.GraphModule, Sequence[Any]], Callable[..., Any]]
 
 
@@ -28,26 +30,8 @@ def decompositions() -> dict[Any, Callable[..., Any]]:
 
     onnx_ops = set(_decomp.get_onnx_implemented_overloads(exporter_registry()))
     table = _decomp.create_onnx_friendly_decomposition_table(onnx_ops)
-    table[torch.ops.aten._cdist_forward.default] = _cdist_forward  # the exporter has no cdist
+    table.update(_decompositions.TABLE)
     return table
-
-
-def _cdist_forward(x1: torch.Tensor, x2: torch.Tensor, p: float, compute_mode: int | None = None) -> torch.Tensor:
-    """cdist as p-norms of broadcast differences, so that it exports (no GEMM: Turing-safe).
-
-    cdist itself picks its GEMM form (p=2 with compute_mode 1, or above 25 rows), which reaches
-    the graph as mm; what reaches here is its direct form, kept elementwise as in PyTorch.
-    """
-    diff = (x1.unsqueeze(-2) - x2.unsqueeze(-3)).abs()
-    if p == 0:
-        return (diff != 0).to(x1.dtype).sum(-1)
-    if p == 1:
-        return diff.sum(-1)
-    if p == 2:
-        return diff.square().sum(-1).sqrt()
-    if p == float("inf"):
-        return diff.amax(-1)
-    return diff.pow(p).sum(-1).pow(1.0 / p)
 
 
 def needs_autograd(example_inputs: Sequence[Any]) -> bool:

@@ -12,6 +12,7 @@ import contextlib
 import dataclasses
 import io
 import logging
+import operator
 import warnings
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -227,9 +228,41 @@ class _Wrapper(torch.nn.Module):
         return tuple(self.gm(*args))
 
 
+# CUDA's fused attention kernels, as PyTorch's dispatcher picks them while tracing: the exporter
+# cannot translate them all (its efficient-attention translation fails on the logsumexp output),
+# but it translates the op they implement. Positional arguments after (query, key, value).
+_FUSED_ATTENTION = {
+    torch.ops.aten._scaled_dot_product_efficient_attention.default: ("attn_mask", None, "dropout_p", "is_causal"),
+    torch.ops.aten._scaled_dot_product_flash_attention.default: ("dropout_p", "is_causal"),
+    torch.ops.aten._scaled_dot_product_cudnn_attention.default: ("attn_mask", None, "dropout_p", "is_causal"),
+}
+
+
+def unfuse_attention(gm: torch.fx.GraphModule) -> None:
+    """Replace fused attention kernels whose only used output is the attention itself by
+    aten.scaled_dot_product_attention (same inputs, same result), which the exporter translates."""
+    for node in list(gm.graph.nodes):
+        names = _FUSED_ATTENTION.get(node.target) if node.op == "call_function" else None
+        if names is None or any(u.target is not operator.getitem or u.args[1] != 0 for u in node.users):
+            continue
+        kwargs = {k: v for k, v in zip(names, node.args[3:]) if k is not None}
+        if "scale" in node.kwargs:
+            kwargs["scale"] = node.kwargs["scale"]
+        with gm.graph.inserting_before(node):
+            plain = gm.graph.call_function(torch.ops.aten.scaled_dot_product_attention.default, node.args[:3], kwargs)
+        for user in list(node.users):
+            plain.meta["val"] = user.meta.get("val")
+            user.replace_all_uses_with(plain)
+            gm.graph.erase_node(user)
+        gm.graph.erase_node(node)
+    gm.graph.lint()
+    gm.recompile()
+
+
 def export_region(gm: torch.fx.GraphModule, *, optimize: bool = True) -> OnnxRegion:
     """Export one region to ONNX; raises BuildError with the exporter's message on failure."""
     tensor_args = tensors_only(gm)
+    unfuse_attention(gm)
     placeholders = _placeholders(gm)
     inputs = tuple(_spec(f"input_{k}", placeholders[i].meta["val"]) for k, i in enumerate(tensor_args))
     output_node = next(n for n in gm.graph.nodes if n.op == "output")

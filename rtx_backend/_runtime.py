@@ -48,6 +48,7 @@ class RegionModule(torch.nn.Module):
         # set when the check starts)
         self.profile = profile  # the engine's optimization profile, widened on demand
         self.widen_failed = False
+        self.fitted_shapes: tuple[torch.Size, ...] | None = None  # the last input shapes the executor takes
 
     @property
     def kind(self) -> str:
@@ -59,12 +60,15 @@ class RegionModule(torch.nn.Module):
             return tuple(executor.run_args(args))
         assert self.onnx is not None
         tensors = [args[i] for i in self.onnx.tensor_args]
-        if self.profile is not None and not self.fit_profile(tensors):
-            return tuple(self.graph_module(*args))  # no engine for these shapes: PyTorch runs them
+        shapes = tuple(t.shape for t in tensors)
+        if shapes != self.fitted_shapes:  # checked once per shape change, not on every call
+            if self.profile is not None and not self.fit_profile(tensors):
+                return tuple(self.graph_module(*args))  # no engine for these shapes: PyTorch runs them
+            if isinstance(self.executor, TrtExecutor) and any(t.numel() == 0 for t in tensors):
+                return tuple(self.graph_module(*args))  # TensorRT-RTX does not run empty tensors
+            self.fitted_shapes = shapes
         runner = self.executor  # fit_profile may have swapped in an engine for a wider profile
         assert not isinstance(runner, TorchExecutor)
-        if isinstance(runner, TrtExecutor) and any(t.numel() == 0 for t in tensors):
-            return tuple(self.graph_module(*args))  # TensorRT-RTX does not run empty tensors
         outputs = tuple(runner(tensors))
         if self.validate and self.checked is not runner:
             with self.validation_lock:  # a thread must not return unchecked outputs while one checks

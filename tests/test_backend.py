@@ -12,7 +12,7 @@ from parameterized import parameterized
 import rtx_backend
 from rtx_backend import _engine, _trt
 
-from .helpers import compile_and_run, regions
+from .helpers import _LAST, compile_and_run, regions
 from .models import MLP, ConvNet, WithEagerOp, eval_model
 
 SM86 = [(8, 6)]
@@ -156,3 +156,22 @@ def test_gpu_engine_path(cls, shape):
         torch.testing.assert_close(y, model(x), atol=tol, rtol=tol)
         assert regions()[-1].kind == "tensorrt_rtx"
         assert y.device.type == "cuda" and y.dtype == dtype
+
+
+@pytest.mark.parametrize("norm_first", [False, True], ids=["post_norm", "pre_norm"])
+@pytest.mark.parametrize("activation", ["relu", "gelu"])
+def test_transformer_encoder_fast_path_is_lowered(norm_first, activation):
+    """eval + no_grad + batch_first takes PyTorch's fused encoder-layer kernel; it is decomposed
+    into the layer's ops, so the whole encoder becomes one region instead of staying in PyTorch."""
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True,
+                                             norm_first=norm_first, activation=activation)
+    model = eval_model(torch.nn.TransformerEncoder(layer, 2, enable_nested_tensor=False))
+    x = torch.randn(2, 7, 32)
+    with torch.no_grad():
+        expected = model(x)  # the fast path's fused kernel
+    y = compile_and_run(model, x, min_block_size=1, target_compute_capabilities=SM86)
+    torch.testing.assert_close(y, expected, atol=1e-4, rtol=1e-4)
+    eager_ops = [op for g in _LAST for _, op in g.plan.eager_ops]
+    assert not eager_ops, eager_ops
+    assert [r.kind for r in regions() if r.engine is not None] == ["onnxruntime"]

@@ -3,11 +3,14 @@ parser asked what it cannot take, refused ONNX nodes mapped back to FX nodes, re
 
 from __future__ import annotations
 
+import operator
+
 import onnx
 import pytest
 import torch
 from onnx import TensorProto, helper
 from torch import nn
+from torch.nn import functional as F
 
 import rtx_backend
 from rtx_backend import _policy
@@ -141,3 +144,48 @@ def test_a_gemm_the_table_misses_is_caught_after_export(monkeypatch):
     assert built and all(r.engine is not None for r in built)
     assert not region_ops(built) & GEMM_OPS
     assert rtx_backend.stats()["engine_builds"] >= 2
+
+
+# ---- CUDA's fused attention kernels reach the bridge as the plain op ---------------------------
+
+def _fused_attention_graph(target, *extra, mask: bool) -> torch.fx.GraphModule:
+    """A region graph as aot_autograd traces SDPA on CUDA: a fused kernel, its first output used."""
+    graph = torch.fx.Graph()
+    q, k, v = (graph.placeholder(n) for n in "qkv")
+    vals = [torch.empty(2, 3, 5, 8)] * 3
+    args: list = [q, k, v]
+    if mask:
+        vals.append(torch.empty(2, 3, 5, 5))
+        args.append(graph.placeholder("m"))
+    elif target is not torch.ops.aten._scaled_dot_product_flash_attention.default:
+        args.append(None)  # efficient attention's attn_bias
+    fused = graph.call_function(target, (*args, *extra))
+    first = graph.call_function(operator.getitem, (fused, 0))
+    graph.output((graph.call_function(torch.ops.aten.mul.Tensor, (first, 2.0)),))
+    for node, val in zip(graph.nodes, vals):
+        node.meta["val"] = val
+    first.meta["val"] = graph.find_nodes(op="output")[0].args[0][0].meta["val"] = torch.empty(2, 3, 5, 8)
+    return torch.fx.GraphModule(torch.nn.Module(), graph)
+
+
+@pytest.mark.parametrize(("_name", "target", "extra", "mask"), [
+    # compute_log_sumexp=True, as traced when inputs require grad: the exporter's own translation fails
+    ("efficient_lse_mask", torch.ops.aten._scaled_dot_product_efficient_attention.default, (True, 0.0, False), True),
+    ("efficient_causal", torch.ops.aten._scaled_dot_product_efficient_attention.default, (False, 0.0, True), False),
+    ("flash_causal", torch.ops.aten._scaled_dot_product_flash_attention.default, (0.0, True), False),
+])
+def test_fused_cuda_attention_exports_as_attention(_name, target, extra, mask):
+    import onnxruntime as ort
+
+    gm = _fused_attention_graph(target, *extra, mask=mask)
+    region = export_region(gm)
+    assert not [n for n in gm.graph.nodes if n.target is target]
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 5, 8) for _ in range(3))
+    inputs = [q, k, v] + ([torch.randn(2, 3, 5, 5)] if mask else [])
+    causal = extra[-1] is True
+    expected = 2 * F.scaled_dot_product_attention(
+        q, k, v, attn_mask=inputs[3] if mask else None, is_causal=causal)
+    session = ort.InferenceSession(region.model, providers=["CPUExecutionProvider"])
+    (got,) = session.run(None, {s.name: t.numpy() for s, t in zip(region.inputs, inputs)})
+    torch.testing.assert_close(torch.from_numpy(got), expected, atol=1e-5, rtol=1e-5)

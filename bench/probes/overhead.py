@@ -1,0 +1,69 @@
+# ruff: noqa: B023  (the lambdas run before the loop moves on)
+"""GPU probe: where the host time of one compiled call goes (microseconds per call), layer by layer:
+TensorRT-RTX enqueue, our executor, the region module, the partitioned graph, the whole compiled
+model (Dynamo and aot_autograd around it); then the top functions of a cProfile run."""
+
+from __future__ import annotations
+
+import cProfile
+import io
+import pstats
+import time
+
+import torch
+
+from rtx_backend._record import recording
+
+
+def per_call_us(fn, n: int = 3000) -> float:
+    for _ in range(50):
+        fn()
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(n):
+        fn()
+    dt = time.perf_counter() - t
+    torch.cuda.synchronize()
+    return dt / n * 1e6
+
+
+def main() -> None:
+    model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.ReLU(), torch.nn.Linear(256, 256))
+    model = model.eval().cuda().half().requires_grad_(False)
+    x = torch.randn(1, 256, device="cuda", dtype=torch.float16)
+    for strategy in ("disabled", "whole_graph_capture"):
+        torch._dynamo.reset()
+        fn = torch.compile(model, backend="trtrtx", options={
+            "min_block_size": 1, "engine_cache_dir": "", "cuda_graph_strategy": strategy})
+        with torch.inference_mode(), recording() as graphs:
+            for _ in range(5):
+                fn(x)
+        plan = graphs[0].plan.graph_module
+        region = graphs[0].regions[0]
+        ex = region.executor
+        ctx = ex.context
+        raw = torch.cuda.current_stream().cuda_stream
+        placeholders = [n for n in plan.graph.nodes if n.op == "placeholder"]
+        with torch.inference_mode():
+            rows = {
+                "enqueue": per_call_us(lambda: ctx.execute_async_v3(raw)),
+                "executor": per_call_us(lambda: ex([x])),
+                "region_module": per_call_us(lambda: region(x)),
+                "compiled_model": per_call_us(lambda: fn(x)),
+                "eager": per_call_us(lambda: model(x)),
+                "torch.empty": per_call_us(lambda: torch.empty((1, 256), dtype=torch.float16, device="cuda")),
+            }
+        print(strategy, {k: round(v, 2) for k, v in rows.items()}, "plan placeholders", len(placeholders))
+        pr = cProfile.Profile()
+        with torch.inference_mode():
+            pr.enable()
+            for _ in range(2000):
+                fn(x)
+            pr.disable()
+        s = io.StringIO()
+        pstats.Stats(pr, stream=s).sort_stats("tottime").print_stats(22)
+        print(s.getvalue()[-6000:])
+
+
+if __name__ == "__main__":
+    main()
