@@ -145,8 +145,11 @@ def run_config(name: str, factory: Callable[[], nn.Module], shape: tuple[int, ..
         ref = base.to(DEVICE)(x32).float()
     model = base.to(DEVICE, dtype).requires_grad_(False)
     x = x32.to(dtype)
+    from rtx_backend._record import recording
+
     results: dict[str, dict[str, Any]] = {}
     compiled: dict[str, Callable[..., Any]] = {}
+    regions: dict[str, list[Any]] = {}
     for bname, make in backends.items():
         torch._dynamo.reset()
         rtx_backend.reset_stats()
@@ -156,10 +159,11 @@ def run_config(name: str, factory: Callable[[], nn.Module], shape: tuple[int, ..
         try:
             fn = make(model)
             t = time.perf_counter()
-            with torch.inference_mode():
+            with torch.inference_mode(), recording() as graphs:
                 out = fn(x)
                 sync()
             row["cold_compile_s"] = time.perf_counter() - t
+            regions[bname] = [r for g in graphs for r in g.regions]
             with torch.inference_mode():
                 for _ in range(3):
                     out = fn(x)
@@ -176,12 +180,43 @@ def run_config(name: str, factory: Callable[[], nn.Module], shape: tuple[int, ..
         for bname, fn in compiled.items():
             with torch.inference_mode():
                 results[bname]["lat"] += latencies(lambda fn=fn: fn(x), iters)
-    for row in results.values():
+    for bname, row in results.items():
         lat = row.pop("lat", None)
         if lat:
             row["median_ms"] = statistics.median(lat)
             row["p90_ms"] = p90(lat)
+            row["regions"] = len(regions.get(bname, [])) if "trtrtx" in bname else None
+        if lat and CUDA and regions.get(bname):
+            row["engine_ms"] = engine_ms(compiled[bname], x, regions[bname], iters)
     return {"model": name, "shape": list(shape), "dtype": str(dtype).removeprefix("torch."), "backends": results}
+
+
+def engine_ms(fn: Callable[..., Any], x: torch.Tensor, regions: list[Any], iters: int) -> float | None:
+    """Per call, the time of the model's TensorRT-RTX executors alone (CUDA events), on the inputs
+    each region receives: at a large batch, the engine time; the rest of a call is everything else."""
+    from rtx_backend._executors import TrtExecutor
+
+    seen: dict[int, list[torch.Tensor]] = {}
+
+    def keep(module: Any, args: tuple[Any, ...]) -> None:
+        if module.onnx is not None:
+            seen[id(module)] = [args[i] for i in module.onnx.tensor_args]
+
+    handles = [r.register_forward_pre_hook(keep) for r in regions]
+    try:
+        with torch.inference_mode():
+            fn(x)
+    finally:
+        for h in handles:
+            h.remove()
+    runs = [(r.executor, seen[id(r)]) for r in regions if isinstance(r.executor, TrtExecutor) and id(r) in seen]
+    if not runs:
+        return None
+    with torch.inference_mode():
+        for ex, args in runs:
+            ex(args)
+        lat = latencies(lambda: [ex(args) for ex, args in runs], iters)
+    return statistics.median(lat)
 
 
 def dynamic_sweep(smoke: bool, cache_dir: str) -> dict[str, Any]:
@@ -326,6 +361,20 @@ def table(results: dict[str, Any]) -> str:
             cells.append(f"{row['median_ms']:.3f} ({row['p90_ms']:.3f})" if "median_ms" in row else
                          ("fail" if "error" in row else "-"))
         lines.append(f"| {c['model']} | {tuple(c['shape'])} | {c['dtype']} | " + " | ".join(cells) + " |")
+    lines += ["", "Ratios (best trtrtx strategy / peer; below 1 is faster) and trtrtx's time split:", "",
+              "| model | shape | dtype | vs torch_tensorrt | vs inductor-ro | vs inductor | engine ms | other ms |",
+              "|---|---|---|---|---|---|---|---|"]
+    for c in results["configs"]:
+        b = c["backends"]
+        ours = [(b[k]["median_ms"], k) for k in ("trtrtx", "trtrtx-cg") if "median_ms" in b.get(k, {})]
+        if not ours:
+            continue
+        best, key = min(ours)
+        engine = b[key].get("engine_ms")
+        split = (f"{engine:.3f} | {best - engine:.3f}") if engine is not None else "- | -"
+        ratios = " | ".join(f"{best / b[p]['median_ms']:.2f}" if "median_ms" in b.get(p, {}) else "-"
+                            for p in ("torch_tensorrt", "inductor-ro", "inductor"))
+        lines.append(f"| {c['model']} | {tuple(c['shape'])} | {c['dtype']} | {ratios} | {split} |")
     lines += ["", "| model | shape | dtype | backend | cold compile s | peak MB | max err vs fp32 | engine builds |",
               "|---|---|---|---|---|---|---|---|"]
     for c in results["configs"]:
@@ -373,6 +422,8 @@ def main() -> None:
     parser.add_argument("--models", default="", help="comma-separated subset of models")
     parser.add_argument("--backends", default="", help="comma-separated subset of backends")
     parser.add_argument("--dtypes", default="", help="comma-separated subset of dtypes: float16,float32")
+    parser.add_argument("--configs", default="", help="comma-separated model:batch:dtype, run in this order "
+                        "(instead of --models/--dtypes), e.g. resnet18:1:float16,mlp-4x4096:256:float16")
     parser.add_argument("--skip", default="", help="comma-separated parts to skip: sweep,starts,overhead")
     parser.add_argument("--out", default=str(HERE / "results"))
     parser.add_argument("--tag", default="")
@@ -398,15 +449,11 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     gpu = results["env"].get("gpu", "cpu").replace(" ", "-")
     stem = out / f"{results['env']['date']}-{gpu}{'-' + args.tag if args.tag else ''}{'-smoke' if smoke else ''}"
-    wanted = set(args.dtypes.split(",")) if args.dtypes else None
-    for name, (factory, shape_of, batches, dtypes) in models.items():
-        for dtype in dtypes:
-            if wanted and str(dtype).removeprefix("torch.") not in wanted:
-                continue
-            for batch in batches:
-                print(f"-- {name} batch {batch} {dtype}", flush=True)
-                results["configs"].append(run_config(name, factory, shape_of(batch), dtype, backends, rounds, iters))
-                save(results, stem)  # partial results survive a time limit
+    for name, batch, dtype in plan(models, args.configs, args.dtypes):
+        factory, shape_of = models[name][0], models[name][1]
+        print(f"-- {name} batch {batch} {dtype}", flush=True)
+        results["configs"].append(run_config(name, factory, shape_of(batch), dtype, backends, rounds, iters))
+        save(results, stem)  # partial results survive a time limit
     if "sweep" not in skip:
         results["dynamic_sweep"] = dynamic_sweep(smoke, cache_dir)
     if CUDA and "overhead" not in skip:
@@ -419,6 +466,21 @@ def main() -> None:
         if key in results:
             print(f"\n{key}: {json.dumps(results[key], indent=1)}")
     print(f"saved {stem}.json/.md" + (" and .png" if plot(results, stem.with_suffix(".png")) else " (no plot: matplotlib missing)"))
+
+
+def plan(models: dict[str, Any], configs: str, dtypes: str) -> list[tuple[str, int, torch.dtype]]:
+    """(model, batch, dtype) to run, in order: the --configs list, or every model's own table."""
+    if configs:
+        out = []
+        for item in configs.split(","):
+            name, batch, dtype = item.split(":")
+            if name not in models:
+                raise SystemExit(f"unknown model {name!r}; known: {', '.join(models)}")
+            out.append((name, int(batch), getattr(torch, dtype)))
+        return out
+    wanted = set(dtypes.split(",")) if dtypes else None
+    return [(name, batch, dtype) for name, (_, _, batches, types) in models.items() for dtype in types
+            if not wanted or str(dtype).removeprefix("torch.") in wanted for batch in batches]
 
 
 def save(results: dict[str, Any], stem: Path) -> str:

@@ -6,6 +6,7 @@ module, first-call validation and the cross-check compare them through the same 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 from collections.abc import Sequence
@@ -100,19 +101,38 @@ def deserialize(engine_bytes: bytes) -> Any:
     return runtime, engine
 
 
+@dataclasses.dataclass(eq=False)
+class _Binding:
+    """One execution context and what has been set on it (TensorRT-RTX keeps input shapes,
+    tensor addresses and scratch memory on the context until they are set again)."""
+
+    context: Any
+    config: Any  # the context borrows its runtime config (and the config's runtime cache)
+    native_graphs: bool
+    input_shapes: tuple[torch.Size, ...] = ()
+    output_shapes: list[tuple[int, ...]] = dataclasses.field(default_factory=list)
+    addresses: dict[str, int] = dataclasses.field(default_factory=dict)
+    memory: tuple[int, int] = (0, 0)  # (address, size) given with set_device_memory
+    capture_scratch: torch.Tensor | None = None  # scratch memory of the last captured call
+    warmed: set[tuple[torch.Size, ...]] = dataclasses.field(default_factory=set)  # shapes run uncaptured
+
+
 class TrtExecutor:
     """Runs a TensorRT-RTX engine on torch's current CUDA stream, with torch-allocated outputs.
+
+    Contexts take their scratch memory from PyTorch's allocator (USER_MANAGED): a context that
+    allocates its own is not stream-capturable, and PyTorch serves allocations made during a
+    capture from the graph's private pool.
 
     CUDA graphs: with cuda_graph_strategy="whole_graph_capture" TensorRT-RTX captures and
     replays the engine itself. When the caller captures the stream (torch.cuda.graph, or a
     reduce-overhead style wrapper), the outer graph must record the engine's kernels as they
-    are: the context is recreated once, for good, with TensorRT-RTX's own capture off and, for
-    dynamic inputs, "eager" instead of "lazy" kernel specialisation (lazy would swap in
-    specialised kernels behind the recorded graph's back). That context takes its scratch memory
-    from PyTorch's allocator on each call (USER_MANAGED): it is created during the capture, where
-    cudaMalloc is not allowed, and PyTorch's allocator serves captures from the graph's pool.
-    An engine that TensorRT-RTX reports as not stream-capturable raises CudaGraphError inside an
-    outer capture.
+    are, so the engine runs there on a second context without TensorRT-RTX's own capture and,
+    for dynamic inputs, with "eager" instead of "lazy" kernel specialization (lazy would swap in
+    specialised kernels behind the recorded graph's back). No context can be created, and no
+    kernel compiled, during a capture: that second context is made with the first and runs once
+    at each new input shape outside captures (the warm-up PyTorch asks for before a capture).
+    What cannot be captured raises CudaGraphError, and the region runs in PyTorch there.
     """
 
     kind = "tensorrt_rtx"
@@ -130,69 +150,153 @@ class TrtExecutor:
         self.native_graphs = options.cuda_graph_strategy == "whole_graph_capture"
         self.specialization = options.dynamic_shapes_kernel_specialization_strategy
         self.native_checked = False
-        self.user_memory = False  # scratch memory from PyTorch on each call (contexts made in a capture)
-        # One context, one scratch memory: a call on another stream waits for the previous call's
-        # work, or two streams would run the engine over the same activations at once.
+        # One scratch memory for uncaptured calls: a call on another stream waits for the previous
+        # call's work, or two streams would run the engine over the same activations at once.
+        self._scratch: torch.Tensor | None = None
         self._last_stream: Any = None
         self._last_raw: int | None = None
         self._side: torch.cuda.Stream | None = None
-        self._scratch: torch.Tensor | None = None
-        self._input_shapes: tuple[torch.Size, ...] = ()
-        self._output_shapes: list[tuple[int, ...]] = []
-        self._bound_context: Any = None  # the context that `_bound` and `_input_shapes` describe
-        self._bound: dict[str, int] = {}  # tensor name -> address set on the context
-        self.context = self._make_context()
+        self._cache_ref: _runtime_cache.RuntimeCache | None = None
+        self.main = self._make_binding(self.native_graphs, self.specialization)
+        lazy_dynamic = self.region.dynamic and self.specialization == "lazy"
+        self.capture: _Binding | None = None  # the context for outer captures, when it differs
+        if self.native_graphs or lazy_dynamic:
+            self.capture = self._make_binding(False, "eager" if lazy_dynamic else self.specialization)
         _runtime_cache.save_on_release(self, self._cache_ref)
 
-    def _make_context(self) -> Any:
+    @property
+    def context(self) -> Any:
+        return self.main.context
+
+    def _make_binding(self, native_graphs: bool, specialization: str) -> _Binding:
         trt = _trt.trt()
         config = self.engine.create_runtime_config()
         config.dynamic_shapes_kernel_specialization_strategy = getattr(
-            trt.DynamicShapesKernelSpecializationStrategy, self.specialization.upper()
+            trt.DynamicShapesKernelSpecializationStrategy, specialization.upper()
         )
         config.cuda_graph_strategy = (
-            trt.CudaGraphStrategy.WHOLE_GRAPH_CAPTURE if self.native_graphs else trt.CudaGraphStrategy.DISABLED
+            trt.CudaGraphStrategy.WHOLE_GRAPH_CAPTURE if native_graphs else trt.CudaGraphStrategy.DISABLED
         )
-        if self.user_memory:
-            config.set_execution_context_allocation_strategy(trt.ExecutionContextAllocationStrategy.USER_MANAGED)
+        config.set_execution_context_allocation_strategy(trt.ExecutionContextAllocationStrategy.USER_MANAGED)
         self._cache_ref = _runtime_cache.attach(config, self.options)
-        self._config = config  # the context borrows the config and its cache
         context = self.engine.create_execution_context(config)
         if context is None:
             raise RuntimeUnavailableError("TensorRT-RTX could not create an execution context")
-        return context
+        return _Binding(context, config, native_graphs)
 
     def _side_stream(self) -> torch.cuda.Stream:
         if self._side is None:
             self._side = torch.cuda.Stream(self.device)
         return self._side
 
-    def _fit_outer_capture(self) -> None:
-        """Recreate the context (once) so that an outer CUDA graph capture can record it."""
-        changes = []
-        if self.native_graphs:
-            self.native_graphs = False
-            changes.append("TensorRT-RTX's own CUDA graph capture off")
-        if self.specialization == "lazy" and self.region.dynamic:
-            self.specialization = "eager"
-            changes.append("kernel specialization 'lazy' -> 'eager' (dynamic inputs)")
-        if changes:
-            log.info("trtrtx: region %s is captured by an outer CUDA graph: %s", self.name, ", ".join(changes))
-            self.user_memory = True
-            self.context = self._make_context()
+    def __call__(self, tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        raw = current_raw_stream(self.device.index)
+        capturing = stream_capturing()
+        shapes = tuple(t.shape for t in tensors)
+        with self.lock:
+            if capturing:
+                return self._enqueue(self._binding_for_capture(shapes), tensors, shapes, raw, True)
+            outputs = self._enqueue(self.main, tensors, shapes, raw, False)
+            if self.capture is not None and shapes not in self.capture.warmed:
+                self._enqueue(self.capture, tensors, shapes, raw, False)  # compiles its kernels now
+            return outputs
 
-    def _bind_memory(self, ctx: Any) -> None:
-        """Give a USER_MANAGED context its scratch memory (stream-ordered, capture-safe)."""
+    def _binding_for_capture(self, shapes: tuple[torch.Size, ...]) -> _Binding:
+        binding = self.capture or self.main
+        if shapes not in binding.warmed:
+            raise CudaGraphError(
+                f"region {self.name} has not run at input shapes {[tuple(s) for s in shapes]} before this "
+                "CUDA graph capture; call the compiled model at these shapes outside the capture first "
+                "(the warm-up torch.cuda.graph asks for), so that TensorRT-RTX compiles its kernels"
+            )
+        return binding
+
+    def _enqueue(
+        self, b: _Binding, tensors: Sequence[torch.Tensor], shapes: tuple[torch.Size, ...], raw: int, capturing: bool
+    ) -> list[torch.Tensor]:
+        """Run one binding's context: set only what changed since its last call, then enqueue."""
+        ctx = b.context
+        new_shapes = shapes != b.input_shapes
+        for name, t in zip(self.input_names, tensors):
+            if t.device != self.device:
+                t = t.to(self.device)
+            if not t.is_contiguous():
+                t = t.contiguous()  # a temporary copy stays valid: the allocator is stream-ordered
+            if new_shapes and not ctx.set_input_shape(name, tuple(t.shape)):
+                b.input_shapes = ()
+                raise RtxBackendError(
+                    f"region {self.name}: TensorRT-RTX refused input shape {tuple(t.shape)} for {name} "
+                    "(outside the engine's optimization profile)"
+                )
+            ptr = t.data_ptr()
+            if b.addresses.get(name) != ptr:
+                ctx.set_tensor_address(name, ptr)
+                b.addresses[name] = ptr
+        if new_shapes:
+            b.output_shapes = [tuple(ctx.get_tensor_shape(n)) for n in self.output_names]
+            b.input_shapes = shapes
+        outputs = []
+        for name, dtype, shape in zip(self.output_names, self.output_dtypes, b.output_shapes):
+            out = torch.empty(shape, dtype=dtype, device=self.device)
+            ptr = out.data_ptr()
+            if b.addresses.get(name) != ptr:
+                ctx.set_tensor_address(name, ptr)
+                b.addresses[name] = ptr
+            outputs.append(out)
+        self._bind_memory(b, capturing)
+        if capturing and not ctx.is_stream_capturable(raw):
+            raise CudaGraphError(
+                f"region {self.name} cannot be recorded by the CUDA graph being captured: TensorRT-RTX "
+                "reports its engine as not stream-capturable (data-dependent shapes or on-device control flow)"
+            )
+        if b.native_graphs and not self.native_checked:
+            self._check_native(ctx, torch.cuda.current_stream(self.device))
+        if not capturing and self._last_raw is not None and self._last_raw != raw:
+            # another stream than the last call's: wait for that call's use of the scratch memory
+            torch.cuda.current_stream(self.device).wait_stream(self._last_stream)
+        run_on = raw
+        if b.native_graphs and raw == 0:
+            # CUDA cannot capture the legacy default stream: TensorRT-RTX's own graphs run on a
+            # side stream, ordered after and before the caller's work.
+            side = self._side_stream()
+            side.wait_stream(torch.cuda.current_stream(self.device))
+            run_on = side.cuda_stream
+        errors = _trt.logger().errors
+        if errors:
+            errors.clear()
+        if not ctx.execute_async_v3(run_on):
+            raise RtxBackendError(
+                f"region {self.name}: TensorRT-RTX execute_async_v3 failed: {'; '.join(errors) or 'no message'}"
+            )
+        if run_on != raw:
+            torch.cuda.current_stream(self.device).wait_stream(self._side_stream())
+        if not capturing:
+            b.warmed.add(shapes)
+            if self._last_raw != raw:
+                self._last_raw, self._last_stream = raw, torch.cuda.current_stream(self.device)
+        return outputs
+
+    def _bind_memory(self, b: _Binding, capturing: bool) -> None:
+        """Give the context its scratch memory: the executor's own outside captures (the engine's
+        size for its largest shapes, so it never moves), a block of the graph's pool inside one."""
         size = int(self.engine.device_memory_size_v2)
-        if self.region.dynamic and hasattr(ctx, "update_device_memory_size_for_shapes"):
-            size = int(ctx.update_device_memory_size_for_shapes())  # this call's shapes, not the profile's max
-        self._scratch = torch.empty(max(size, 1), dtype=torch.uint8, device=self.device)
-        ctx.set_device_memory(self._scratch.data_ptr(), size)
+        if capturing:
+            if self.region.dynamic and hasattr(b.context, "update_device_memory_size_for_shapes"):
+                size = int(b.context.update_device_memory_size_for_shapes())  # this call's shapes
+            b.capture_scratch = torch.empty(max(size, 1), dtype=torch.uint8, device=self.device)
+            memory = (b.capture_scratch.data_ptr(), size)
+        else:
+            if self._scratch is None:
+                self._scratch = torch.empty(max(size, 1), dtype=torch.uint8, device=self.device)
+            memory = (self._scratch.data_ptr(), size)
+        if b.memory != memory:
+            b.context.set_device_memory(*memory)
+            b.memory = memory
 
     def _check_native(self, ctx: Any, stream: torch.cuda.Stream) -> None:
         """Say, once, when whole_graph_capture cannot do what the user asked for."""
         self.native_checked = True
-        probe = stream if stream.cuda_stream != 0 else torch.cuda.Stream(self.device)  # never the legacy stream
+        probe = stream if stream.cuda_stream != 0 else self._side_stream()  # never the legacy stream
         if not ctx.is_stream_capturable(probe.cuda_stream):
             log.warning(
                 "trtrtx: cuda_graph_strategy='whole_graph_capture' was asked for, but TensorRT-RTX reports "
@@ -205,77 +309,3 @@ class TrtExecutor:
                 "once its specialised kernels are compiled; the first calls at a new shape run uncaptured",
                 self.name,
             )
-
-    def __call__(self, tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        # The hot path: raw stream handles, and TensorRT-RTX calls only for what changed since the
-        # last call (shapes are sticky on a context, and so are tensor addresses).
-        raw = current_raw_stream(self.device.index)
-        capturing = stream_capturing()
-        with self.lock:
-            if capturing:
-                self._fit_outer_capture()
-            ctx = self.context
-            if ctx is not self._bound_context:
-                self._bound_context, self._bound, self._input_shapes = ctx, {}, ()
-            bound = self._bound
-            shapes = tuple(t.shape for t in tensors)
-            new_shapes = shapes != self._input_shapes
-            for name, t in zip(self.input_names, tensors):
-                if t.device != self.device:
-                    t = t.to(self.device)
-                if not t.is_contiguous():
-                    t = t.contiguous()  # a temporary copy stays valid: the allocator is stream-ordered
-                if new_shapes and not ctx.set_input_shape(name, tuple(t.shape)):
-                    self._input_shapes = ()
-                    raise RtxBackendError(
-                        f"region {self.name}: TensorRT-RTX refused input shape {tuple(t.shape)} for {name} "
-                        "(outside the engine's optimization profile)"
-                    )
-                ptr = t.data_ptr()
-                if bound.get(name) != ptr:
-                    ctx.set_tensor_address(name, ptr)
-                    bound[name] = ptr
-            if new_shapes:  # set shapes (and ask the output shapes back) only on change
-                self._output_shapes = [tuple(ctx.get_tensor_shape(n)) for n in self.output_names]
-                self._input_shapes = shapes
-            outputs = []
-            for name, dtype, shape in zip(self.output_names, self.output_dtypes, self._output_shapes):
-                out = torch.empty(shape, dtype=dtype, device=self.device)
-                ptr = out.data_ptr()
-                if bound.get(name) != ptr:
-                    ctx.set_tensor_address(name, ptr)
-                    bound[name] = ptr
-                outputs.append(out)
-            if self.user_memory:
-                self._bind_memory(ctx)
-            if capturing and not ctx.is_stream_capturable(raw):
-                raise CudaGraphError(
-                    f"region {self.name} cannot be recorded by the CUDA graph being captured: TensorRT-RTX "
-                    "reports its engine as not stream-capturable (data-dependent shapes or on-device control "
-                    "flow). Call the compiled model outside the capture."
-                )
-            if self.native_graphs and not self.native_checked:
-                self._check_native(ctx, torch.cuda.current_stream(self.device))
-            shared_scratch = not capturing and not self.user_memory
-            if shared_scratch and self._last_raw is not None and self._last_raw != raw:
-                # another stream than last call's: wait for that call's use of the scratch memory
-                torch.cuda.current_stream(self.device).wait_stream(self._last_stream)
-            run_on = raw
-            if self.native_graphs and raw == 0 and not capturing:
-                # CUDA cannot capture the legacy default stream: TensorRT-RTX's own graphs run on a
-                # side stream, ordered after and before the caller's work.
-                side = self._side_stream()
-                side.wait_stream(torch.cuda.current_stream(self.device))
-                run_on = side.cuda_stream
-            errors = _trt.logger().errors
-            if errors:
-                errors.clear()
-            if not ctx.execute_async_v3(run_on):
-                raise RtxBackendError(
-                    f"region {self.name}: TensorRT-RTX execute_async_v3 failed: {'; '.join(errors) or 'no message'}"
-                )
-            if run_on != raw:
-                torch.cuda.current_stream(self.device).wait_stream(self._side_stream())
-            if shared_scratch and self._last_raw != raw:
-                self._last_raw, self._last_stream = raw, torch.cuda.current_stream(self.device)
-        return outputs

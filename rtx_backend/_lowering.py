@@ -16,7 +16,7 @@ import torch
 from torch._functorch.aot_autograd import aot_module_simplified, make_boxed_func
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-from . import _decompositions
+from . import _decompositions, _exporter_ops
 
 InferenceCompiler = Callable[[torch.fx.GraphModule, Sequence[Any]], Callable[..., Any]]
 
@@ -26,10 +26,7 @@ def decompositions() -> dict[Any, Callable[..., Any]]:
     """PyTorch's decompositions, minus those of ops the ONNX exporter translates as they are."""
     from torch.onnx._internal.exporter import _decomp
 
-    from ._policy import exporter_registry
-
-    onnx_ops = set(_decomp.get_onnx_implemented_overloads(exporter_registry()))
-    table = _decomp.create_onnx_friendly_decomposition_table(onnx_ops)
+    table = _decomp.create_onnx_friendly_decomposition_table(_exporter_ops.overloads())  # type: ignore[arg-type]
     table.update(_decompositions.TABLE)
     return table
 

@@ -12,7 +12,6 @@ for `explain` and the logs.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import operator
 import re
 from collections.abc import Callable, Iterable, Mapping
@@ -22,6 +21,7 @@ import torch
 from torch.fx import Node
 from torch.fx.passes.operator_support import OperatorSupportBase
 
+from . import _exporter_ops
 from ._options import Target
 
 
@@ -247,27 +247,6 @@ def first_match(
     return None
 
 
-def exporter_registry() -> Any:
-    return _registry()
-
-
-@functools.cache
-def _registry() -> Any:
-    import logging
-
-    from torch.onnx._internal.exporter import _registration
-
-    # Without torchvision, building the registry logs four "torchvision is not installed.
-    # Skipping torchvision::nms"-style WARNINGs: not a problem of the user's compile, so hushed.
-    quiet = logging.getLogger(_registration.__name__)
-    level = quiet.level
-    quiet.setLevel(logging.ERROR)
-    try:
-        return _registration.ONNXRegistry.from_torchlib()
-    finally:
-        quiet.setLevel(level)
-
-
 class CapabilitySupport(OperatorSupportBase):
     """OperatorSupport for the partitioner: the policy table for the given targets.
 
@@ -314,7 +293,7 @@ class CapabilitySupport(OperatorSupportBase):
                 return Reason("torch_executed_ops", f"{overload} is listed in torch_executed_ops")
             if node.target._schema.is_mutable:
                 return Reason("mutation", f"{overload} mutates its inputs")
-            if not exporter_registry().is_registered(node.target):
+            if not _exporter_ops.is_translated(node.target):
                 return Reason("not-exportable", f"the ONNX exporter has no translation for {overload}")
         facts = node_facts(node)
         if isinstance(facts, Reason):

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from ._errors import RtxBackendError
+from ._errors import CudaGraphError, RtxBackendError
 from ._executors import OrtExecutor, TorchExecutor, TrtExecutor
 from ._onnx_bridge import OnnxRegion
 from ._profiles import EngineProfile
@@ -48,6 +48,7 @@ class RegionModule(torch.nn.Module):
         # set when the check starts)
         self.profile = profile  # the engine's optimization profile, widened on demand
         self.widen_failed = False
+        self.capture_fallback_said = False
         self.fitted_shapes: tuple[torch.Size, ...] | None = None  # the last input shapes the executor takes
 
     @property
@@ -69,7 +70,13 @@ class RegionModule(torch.nn.Module):
             self.fitted_shapes = shapes
         runner = self.executor  # fit_profile may have swapped in an engine for a wider profile
         assert not isinstance(runner, TorchExecutor)
-        outputs = tuple(runner(tensors))
+        try:
+            outputs = tuple(runner(tensors))
+        except CudaGraphError as exc:  # inside a CUDA graph capture the engine cannot take part in
+            if not self.capture_fallback_said:
+                self.capture_fallback_said = True
+                log.warning("trtrtx: %s. The region runs in PyTorch inside such captures.", exc)
+            return tuple(self.graph_module(*args))
         if self.validate and self.checked is not runner:
             with self.validation_lock:  # a thread must not return unchecked outputs while one checks
                 if self.executor is not runner:  # the check (in another thread) replaced the runner

@@ -153,50 +153,65 @@ def test_native_capture_is_set_on_the_runtime_config(fake_executor):
     executor, engine, _ = fake_executor(cuda_graph_strategy="whole_graph_capture")
     for _ in range(3):
         executor(X)
-    assert [_strategies(c) for c in engine.contexts] == [("WHOLE_GRAPH_CAPTURE", "LAZY")]
-    assert engine.contexts[0].runs == 3
-
-
-def test_outer_capture_switches_native_capture_off_for_good(fake_executor, caplog):
-    executor, engine, world = fake_executor(cuda_graph_strategy="whole_graph_capture")
-    executor(X)  # warm-up, uncaptured: TensorRT-RTX's own graphs
-    world.capturing = True
-    with caplog.at_level(logging.INFO, "rtx_backend"):
-        executor(X)
-    world.capturing = False
-    executor(X)  # replays of the outer graph need no engine call; later eager calls stay plain
+    # the engine's context, and the plain one for outer captures (run once, at the new shape)
     assert [_strategies(c) for c in engine.contexts] == [("WHOLE_GRAPH_CAPTURE", "LAZY"), ("DISABLED", "LAZY")]
-    assert [c.runs for c in engine.contexts] == [1, 2]
-    assert "own CUDA graph capture off" in caplog.text
-    # made during the capture: no cudaMalloc there, its scratch memory comes from PyTorch per call
-    assert [c.allocation for c in engine.contexts] == ["STATIC", "USER_MANAGED"]
+    assert [c.runs for c in engine.contexts] == [3, 1]
+    # scratch memory from PyTorch, one block for both, given once
+    assert [c.allocation for c in engine.contexts] == ["USER_MANAGED", "USER_MANAGED"]
+    assert [len(c.memory) for c in engine.contexts] == [1, 1]
+    assert engine.contexts[0].memory == engine.contexts[1].memory
+
+
+def test_outer_capture_runs_the_plain_context(fake_executor):
+    executor, engine, world = fake_executor(cuda_graph_strategy="whole_graph_capture")
+    executor(X)  # warm-up, uncaptured: TensorRT-RTX's own graphs (and the plain context once)
+    world.capturing = True
+    executor(X)
+    world.capturing = False
+    executor(X)  # replays of the outer graph need no engine call; later eager calls are native again
+    assert [c.runs for c in engine.contexts] == [2, 2]
+    assert engine.contexts[1].queried == [7]  # capturability checked on the capturing stream
+    # inside the capture the plain context's scratch memory is a block of its own (the graph's pool)
     assert [size for _, size in engine.contexts[1].memory] == [4096, 4096]
-    assert engine.contexts[0].memory == []
+    assert engine.contexts[1].memory[0][0] != engine.contexts[1].memory[1][0]
 
 
 def test_outer_capture_of_a_static_plain_engine_keeps_its_context(fake_executor):
     executor, engine, world = fake_executor()
+    executor(X)
     world.capturing = True
     executor(X)
     executor(X)
     assert [_strategies(c) for c in engine.contexts] == [("DISABLED", "LAZY")]
-    assert engine.contexts[0].queried == [7, 7]  # capturability checked on the capturing stream
+    assert engine.contexts[0].queried == [7, 7]
+    assert engine.contexts[0].runs == 3
+
+
+def test_outer_capture_before_any_warm_up_raises_a_clear_error(fake_executor):
+    executor, engine, world = fake_executor()
+    world.capturing = True
+    with pytest.raises(rtx_backend.CudaGraphError, match=r"submod_0 has not run at input shapes \[\(2, 4\)\]"):
+        executor(X)
+    assert engine.contexts[0].runs == 0
 
 
 @pytest.mark.parametrize(("strategy", "expected"), [("lazy", "EAGER"), ("eager", "EAGER"), ("none", "NONE")])
 def test_outer_capture_of_dynamic_inputs_never_uses_lazy_specialization(fake_executor, strategy, expected):
     executor, engine, world = fake_executor(dynamic=True, dynamic_shapes_kernel_specialization_strategy=strategy)
+    executor(X)
     world.capturing = True
     executor(X)
-    assert _strategies(engine.contexts[-1]) == ("DISABLED", expected)
     assert len(engine.contexts) == (2 if strategy == "lazy" else 1)
+    captured = engine.contexts[-1]
+    assert _strategies(captured) == ("DISABLED", expected)
+    assert captured.runs == 2 and captured.queried == [7]
 
 
 def test_outer_capture_of_an_uncapturable_engine_raises_a_clear_error(fake_executor):
     executor, engine, world = fake_executor(capturable=False)
     executor(X)  # outside a capture it runs
     world.capturing = True
-    with pytest.raises(rtx_backend.CudaGraphError, match=r"submod_0 .*not stream-capturable.*outside the capture"):
+    with pytest.raises(rtx_backend.CudaGraphError, match=r"submod_0 .*not stream-capturable"):
         executor(X)
     assert engine.contexts[0].runs == 1  # nothing was enqueued into the broken capture
 
@@ -208,7 +223,7 @@ def test_native_capture_of_an_uncapturable_engine_warns_once(fake_executor, capl
         executor(X)
     assert caplog.text.count("not stream-capturable") == 1
     assert engine.contexts[0].queried == [99]
-    assert engine.contexts[0].runs == 3
+    assert [c.runs for c in engine.contexts] == [3, 1]
     # CUDA cannot capture the legacy stream: the engine runs on the side stream, after and
     # before the caller's work
     assert engine.contexts[0].run_streams == [99, 99, 99]
@@ -220,6 +235,29 @@ def test_native_capture_with_lazy_dynamic_inputs_says_when_graphs_start(fake_exe
     with caplog.at_level(logging.INFO, "rtx_backend"):
         executor(X)
     assert "captures a CUDA graph per input shape" in caplog.text
+
+
+class _Uncapturable:
+    kind = "tensorrt_rtx"
+
+    def __call__(self, tensors):
+        raise rtx_backend.CudaGraphError("region submod_0 cannot be recorded by the CUDA graph being captured")
+
+
+def test_region_runs_in_pytorch_where_its_engine_cannot_be_captured(caplog):
+    torch.manual_seed(0)
+    model = eval_model(MLP())
+    compiled = torch.compile(model, backend="trtrtx", options={"min_block_size": 1, "engine_cache_dir": ""})
+    x = torch.randn(2, 16)
+    with torch.no_grad(), recording() as graphs:
+        compiled(x)
+    (region,) = graphs[0].regions
+    region.executor, region.validate = _Uncapturable(), False
+    with torch.no_grad(), caplog.at_level(logging.WARNING, "rtx_backend"):
+        for _ in range(2):
+            y = compiled(x + 1)
+            torch.testing.assert_close(y, model(x + 1))
+    assert caplog.text.count("runs in PyTorch inside such captures") == 1
 
 
 # ---- GPU ---------------------------------------------------------------------------------------

@@ -1,0 +1,82 @@
+"""Which ATen ops the ONNX exporter translates, remembered across processes.
+
+Building the exporter's registry (onnxscript's torchlib) takes about two seconds, on every start,
+only to learn which ops it translates (the policy asks, and the lowering keeps those ops whole).
+The answer depends only on the torch and onnxscript versions, so it is kept in a small JSON
+file under the cache root; a missing, unreadable or corrupt file means building the registry.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.metadata
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ._files import atomic_write
+from ._options import default_cache_root
+
+log = logging.getLogger("rtx_backend")
+
+
+def _path() -> Path:
+    versions = f"torch{torch.__version__}-onnxscript{importlib.metadata.version('onnxscript')}"
+    return default_cache_root() / "exporter" / f"ops-{versions.replace('+', '_')}.json"
+
+
+@functools.cache
+def translated() -> frozenset[str]:
+    """Names (str(OpOverload), e.g. "aten.add.Tensor") of the ops the exporter translates."""
+    path = _path()
+    try:
+        names = json.loads(path.read_bytes())
+        if isinstance(names, list) and names and all(isinstance(n, str) for n in names):
+            return frozenset(names)
+        log.debug("trtrtx: %s does not hold a list of op names; rebuilding it", path)
+    except (OSError, ValueError) as exc:
+        log.debug("trtrtx: no usable exporter op list at %s (%s)", path, exc)
+    from torch.onnx._internal.exporter import _decomp
+
+    found = frozenset(
+        str(op) for op in _decomp.get_onnx_implemented_overloads(registry()) if isinstance(op, torch._ops.OpOverload)
+    )
+    try:
+        atomic_write(path, [json.dumps(sorted(found)).encode()])
+    except OSError as exc:  # an unwritable cache directory costs the next start two seconds, no more
+        log.debug("trtrtx: could not save the exporter op list to %s: %s", path, exc)
+    return found
+
+
+def is_translated(op: torch._ops.OpOverload) -> bool:
+    return str(op) in translated()
+
+
+def overloads() -> set[torch._ops.OpOverload]:
+    """The translated ops as OpOverloads of this torch (names it does not know are skipped)."""
+    ops = set()
+    for name in translated():
+        namespace, packet, overload = name.split(".", 2)
+        op = getattr(getattr(getattr(torch.ops, namespace, None), packet, None), overload, None)
+        if isinstance(op, torch._ops.OpOverload):
+            ops.add(op)
+    return ops
+
+
+@functools.cache
+def registry() -> Any:
+    """The exporter's own registry (slow to build: only when the op list is not on disk)."""
+    from torch.onnx._internal.exporter import _registration
+
+    # Without torchvision, building the registry logs four "torchvision is not installed.
+    # Skipping torchvision::nms"-style WARNINGs: not a problem of the user's compile, so hushed.
+    quiet = logging.getLogger(_registration.__name__)
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)
+    try:
+        return _registration.ONNXRegistry.from_torchlib()
+    finally:
+        quiet.setLevel(level)
