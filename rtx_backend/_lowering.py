@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+from torch._functorch._aot_autograd.schemas import SubclassCreationMeta
 from torch._functorch.aot_autograd import aot_module_simplified, make_boxed_func
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
@@ -48,21 +49,61 @@ def is_weight(value: Any) -> bool:
 def lower(
     gm: torch.fx.GraphModule, example_inputs: Sequence[Any], compile_inference: InferenceCompiler
 ) -> Callable[..., Any]:
-    """Run aot_autograd for inference and hand the frozen ATen graph to `compile_inference`."""
+    """Run aot_autograd for inference and hand the frozen ATen graph to `compile_inference`.
+
+    The result is our compiled graph itself when aot_autograd has nothing to do around it at run
+    time (see `plain_calling_convention`): its runtime wrappers would cost every call several
+    microseconds for nothing. Otherwise it is aot_autograd's wrapped function.
+    """
     weights = {i: t for i, t in enumerate(example_inputs) if is_weight(t)}
+    compiled: list[tuple[Callable[..., Any], bool]] = []
 
     def inference_compiler(aten_gm: torch.fx.GraphModule, args: Sequence[Any]) -> Any:
         # aot_autograd calls us under its fake mode; export and build need real tensors.
         with unset_fake_temporarily():
             freeze(aten_gm, weights)
-            return make_boxed_func(compile_inference(aten_gm, args))
+            fn = compile_inference(aten_gm, args)
+            compiled.append((fn, plain_calling_convention(aten_gm, len(example_inputs))))
+            return make_boxed_func(fn)
 
-    return aot_module_simplified(  # type: ignore[no-any-return]
+    wrapped = aot_module_simplified(
         gm,
         list(example_inputs),
         fw_compiler=inference_compiler,  # type: ignore[arg-type]
         decompositions=decompositions(),
         keep_inference_input_mutations=True,
+    )
+    if len(compiled) != 1 or not compiled[0][1]:
+        return wrapped  # type: ignore[no-any-return]
+    direct = compiled[0][0]
+
+    def run(*args: Any) -> Any:
+        if torch._C._is_any_autocast_enabled():  # aot_autograd runs the graph with autocast off
+            return wrapped(*args)
+        return direct(*args)
+
+    return run
+
+
+def plain_calling_convention(aten_gm: torch.fx.GraphModule, n_inputs: int) -> bool:
+    """Whether the ATen graph takes Dynamo's inputs as they are and returns fresh outputs, so that
+    calling it directly is what aot_autograd's runtime wrappers would do: no input mutations to
+    apply, no outputs to regenerate as views, no deduplicated inputs, no RNG or effect tokens."""
+    from torch._functorch._aot_autograd.schemas import OutputType
+
+    context = torch._guards.TracingContext.try_get()
+    meta = getattr(context, "fw_metadata", None)
+    placeholders = [n for n in aten_gm.graph.nodes if n.op == "placeholder"]
+    return (
+        meta is not None
+        and len(placeholders) == n_inputs == len(meta.input_info)
+        and not any(i.mutates_data or i.mutates_metadata or i.mutates_storage_metadata for i in meta.input_info)
+        and all(o.output_type == OutputType.non_alias for o in meta.output_info)
+        and meta.num_intermediate_bases == 0
+        and not meta.is_rng_op_functionalized
+        and not meta.tokens
+        and not getattr(meta, "num_graphsafe_rng_states", 0)
+        and all(not isinstance(m, SubclassCreationMeta) for m in meta.subclass_inp_meta or ())
     )
 
 

@@ -175,3 +175,48 @@ def test_transformer_encoder_fast_path_is_lowered(norm_first, activation):
     eager_ops = [op for g in _LAST for _, op in g.plan.eager_ops]
     assert not eager_ops, eager_ops
     assert [r.kind for r in regions() if r.engine is not None] == ["onnxruntime"]
+
+
+class _Plain(torch.nn.Module):
+    def forward(self, x):
+        return torch.relu(x * 2) + 1
+
+
+class _MutatesInput(torch.nn.Module):
+    def forward(self, x):
+        x.mul_(2)
+        return torch.relu(x) + 1
+
+
+class _ReturnsViewOfInput(torch.nn.Module):
+    def forward(self, x):
+        return torch.relu(x) + 1, x.view(-1)
+
+
+@pytest.mark.parametrize(("cls", "direct"), [(_Plain, True), (_MutatesInput, False), (_ReturnsViewOfInput, False)])
+def test_aot_wrappers_are_skipped_only_when_they_have_nothing_to_do(monkeypatch, cls, direct):
+    from rtx_backend import _lowering
+
+    verdicts = []
+    judge = _lowering.plain_calling_convention
+
+    def spy(*args):
+        verdicts.append(judge(*args))
+        return verdicts[-1]
+
+    monkeypatch.setattr(_lowering, "plain_calling_convention", spy)
+    torch._dynamo.reset()
+    model = cls()
+    x = torch.randn(3, 8)
+    expected_x = x.clone()
+    with torch.no_grad():
+        expected = model(expected_x)
+        compiled = torch.compile(model, backend="trtrtx", options={"min_block_size": 1})
+        for _ in range(2):  # the second call runs what the first compiled
+            got_x = x.clone()
+            got = compiled(got_x)
+            torch.testing.assert_close(got, expected)
+            torch.testing.assert_close(got_x, expected_x)  # the input mutation happened, once
+    assert verdicts == [direct]
+    if cls is _ReturnsViewOfInput:
+        assert got[1]._base is got_x  # still a view of the input, as in eager
