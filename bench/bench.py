@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
+import functools
 import json
 import os
 import platform
@@ -85,7 +86,7 @@ def model_table(smoke: bool) -> dict[str, tuple[Callable[[], nn.Module], Callabl
 # ---- backends -----------------------------------------------------------------------------------
 
 def backend_table(smoke: bool, cache_dir: str) -> dict[str, Callable[[nn.Module], Callable[..., Any]]]:
-    trt_opts = {"min_block_size": 1, "engine_cache_dir": os.path.join(cache_dir, "engines"),
+    trt_opts: dict[str, Any] = {"min_block_size": 1, "engine_cache_dir": os.path.join(cache_dir, "engines"),
                 "runtime_cache_path": os.path.join(cache_dir, "runtime.cache")}
     table: dict[str, Callable[[nn.Module], Callable[..., Any]]] = {"eager": lambda m: m}
     if not smoke:
@@ -179,7 +180,7 @@ def run_config(name: str, factory: Callable[[], nn.Module], shape: tuple[int, ..
     for _ in range(rounds):  # interleaved rounds
         for bname, fn in compiled.items():
             with torch.inference_mode():
-                results[bname]["lat"] += latencies(lambda fn=fn: fn(x), iters)
+                results[bname]["lat"] += latencies(functools.partial(fn, x), iters)
     for bname, row in results.items():
         lat = row.pop("lat", None)
         if lat:
@@ -219,31 +220,51 @@ def engine_ms(fn: Callable[..., Any], x: torch.Tensor, regions: list[Any], iters
     return statistics.median(lat)
 
 
-def dynamic_sweep(smoke: bool, cache_dir: str) -> dict[str, Any]:
-    """One encoder over 8 sequence lengths with dynamic=True: recompiles, builds, latency per length."""
+def dynamic_sweep(smoke: bool, cache_dir: str, backends: list[str]) -> dict[str, Any]:
+    """One encoder over 8 sequence lengths with dynamic=True: recompiles, engine builds, first-call
+    time and error per length, for each backend."""
     import rtx_backend
 
     d, layers, heads = (64, 2, 4) if smoke else (256, 4, 8)
     dtype = torch.float32 if smoke else torch.float16
     model = encoder(d, layers, heads).eval().to(DEVICE, dtype).requires_grad_(False)
     lengths = [8, 16, 24, 32, 48, 64, 96, 128]
+    options: dict[str, dict[str, Any]] = {
+        "trtrtx": {"min_block_size": 1, "engine_cache_dir": ""},
+        "inductor": {},
+        "torch_tensorrt": {"min_block_size": 1, "use_python_runtime": False},
+    }
+
+    def make(bname: str) -> Callable[..., Any]:
+        backend = "inductor" if bname == "inductor" else bname
+        return torch.compile(model, backend=backend, dynamic=True, options=options[bname] or None)
+
     out: dict[str, Any] = {"lengths": lengths}
-    for bname, opts in (("trtrtx", {"min_block_size": 1, "engine_cache_dir": ""}),):
+    for bname in backends:
+        if bname not in options or (smoke and bname != "trtrtx"):
+            continue
         torch._dynamo.reset()
+        torch._dynamo.utils.counters.clear()
         rtx_backend.reset_stats()
-        fn = torch.compile(model, backend=bname, dynamic=True, options=opts)
         per = []
-        with torch.inference_mode():
-            for n in lengths:
-                x = torch.randn(4, n, d, device=DEVICE, dtype=dtype)
-                t = time.perf_counter()
-                y = fn(x)
-                sync()
-                first = time.perf_counter() - t
-                err = (y.float() - model(x).float()).abs().max().item()
-                per.append({"len": n, "first_call_s": first, "max_err_vs_eager": err})
+        try:
+            fn = make(bname)
+            with torch.inference_mode():
+                for n in lengths:
+                    x = torch.randn(4, n, d, device=DEVICE, dtype=dtype)
+                    t = time.perf_counter()
+                    y = fn(x)
+                    sync()
+                    first = time.perf_counter() - t
+                    err = (y.float() - model(x).float()).abs().max().item()
+                    per.append({"len": n, "first_call_s": first, "max_err_vs_eager": err})
+        except Exception as exc:
+            out[bname] = {"error": f"{type(exc).__name__}: {str(exc)[:200]}", "per_length": per}
+            continue
         s = rtx_backend.stats()
-        out[bname] = {"backend_calls": s.get("backend_calls", 0), "engine_builds": s.get("engine_builds", 0),
+        graphs = int(torch._dynamo.utils.counters["stats"]["unique_graphs"])
+        out[bname] = {"compiled_graphs": graphs, "recompiles": max(0, graphs - 1),
+                      "engine_builds": s.get("engine_builds", 0) if bname == "trtrtx" else None,
                       "per_length": per}
     return out
 
@@ -424,7 +445,10 @@ def main() -> None:
     parser.add_argument("--dtypes", default="", help="comma-separated subset of dtypes: float16,float32")
     parser.add_argument("--configs", default="", help="comma-separated model:batch:dtype, run in this order "
                         "(instead of --models/--dtypes), e.g. resnet18:1:float16,mlp-4x4096:256:float16")
-    parser.add_argument("--skip", default="", help="comma-separated parts to skip: sweep,starts,overhead")
+    parser.add_argument("--parts", default="starts,overhead,sweep,models",
+                        help="what to measure, in this order: starts,overhead,sweep,models")
+    parser.add_argument("--sweep-backends", default="trtrtx",
+                        help="backends of the dynamic sweep: trtrtx,inductor,torch_tensorrt")
     parser.add_argument("--out", default=str(HERE / "results"))
     parser.add_argument("--tag", default="")
     parser.add_argument("--child-start", default=None, help=argparse.SUPPRESS)
@@ -442,24 +466,29 @@ def main() -> None:
     models = model_table(smoke)
     if args.models:
         models = {k: v for k, v in models.items() if k in args.models.split(",")}
-    skip = set(args.skip.split(","))
     results: dict[str, Any] = {"env": environment(), "backends": list(backends), "configs": []}
     rounds, iters = (2, 5) if smoke else (args.rounds, args.iters)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     gpu = results["env"].get("gpu", "cpu").replace(" ", "-")
     stem = out / f"{results['env']['date']}-{gpu}{'-' + args.tag if args.tag else ''}{'-smoke' if smoke else ''}"
-    for name, batch, dtype in plan(models, args.configs, args.dtypes):
-        factory, shape_of = models[name][0], models[name][1]
-        print(f"-- {name} batch {batch} {dtype}", flush=True)
-        results["configs"].append(run_config(name, factory, shape_of(batch), dtype, backends, rounds, iters))
-        save(results, stem)  # partial results survive a time limit
-    if "sweep" not in skip:
-        results["dynamic_sweep"] = dynamic_sweep(smoke, cache_dir)
-    if CUDA and "overhead" not in skip:
-        results["overhead"] = overhead(cache_dir)
-    if "starts" not in skip:
-        results["fresh_process"] = fresh_process_starts(tempfile.mkdtemp(prefix="trtrtx-starts-"))
+    # each part is saved as it ends: a time limit keeps what finished
+    for part in args.parts.split(","):
+        print(f"-- {part}", flush=True)
+        if part == "starts":
+            results["fresh_process"] = fresh_process_starts(tempfile.mkdtemp(prefix="trtrtx-starts-"))
+        elif part == "overhead" and CUDA:
+            results["overhead"] = overhead(cache_dir)
+        elif part == "sweep":
+            results["dynamic_sweep"] = dynamic_sweep(smoke, cache_dir, args.sweep_backends.split(","))
+        elif part == "models":
+            for name, batch, dtype in plan(models, args.configs, args.dtypes):
+                factory, shape_of = models[name][0], models[name][1]
+                print(f"-- {name} batch {batch} {dtype}", flush=True)
+                results["configs"].append(
+                    run_config(name, factory, shape_of(batch), dtype, backends, rounds, iters))
+                save(results, stem)
+        save(results, stem)
     text = save(results, stem)
     print(text)
     for key in ("dynamic_sweep", "overhead", "fresh_process"):
@@ -486,7 +515,10 @@ def plan(models: dict[str, Any], configs: str, dtypes: str) -> list[tuple[str, i
 def save(results: dict[str, Any], stem: Path) -> str:
     text = table(results)
     stem.with_suffix(".json").write_text(json.dumps(results, indent=1))
-    stem.with_suffix(".md").write_text(f"# {stem.name}\n\n```\n{json.dumps(results['env'], indent=1)}\n```\n\n{text}\n")
+    extra = "".join(f"\n## {k}\n\n```json\n{json.dumps(results[k], indent=1)}\n```\n"
+                    for k in ("fresh_process", "overhead", "dynamic_sweep") if k in results)
+    stem.with_suffix(".md").write_text(
+        f"# {stem.name}\n\n```\n{json.dumps(results['env'], indent=1)}\n```\n\n{text}\n{extra}")
     return text
 
 

@@ -220,3 +220,18 @@ def test_aot_wrappers_are_skipped_only_when_they_have_nothing_to_do(monkeypatch,
     assert verdicts == [direct]
     if cls is _ReturnsViewOfInput:
         assert got[1]._base is got_x  # still a view of the input, as in eager
+
+
+@pytest.mark.gpu
+def test_gpu_transformer_encoder_fp16_runs_on_tensorrt_rtx():
+    """On CUDA the encoder's fast path and its attention kernels (flash/efficient) are lowered."""
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(64, 4, 128, dropout=0.0, batch_first=True)
+    model = eval_model(torch.nn.TransformerEncoder(layer, 2, enable_nested_tensor=False), device="cuda").half()
+    x = torch.randn(2, 16, 64, device="cuda", dtype=torch.float16)
+    with torch.no_grad():
+        expected = model(x)
+    y = compile_and_run(model, x, min_block_size=1, runtime="tensorrt_rtx")
+    torch.testing.assert_close(y, expected, atol=2e-2, rtol=2e-2)
+    assert [r.kind for r in regions()] == ["tensorrt_rtx"]
+    assert not [op for g in _LAST for _, op in g.plan.eager_ops]

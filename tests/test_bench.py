@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_bench_smoke_runs_and_saves(tmp_path):
     out = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "bench.py"), "--smoke", "--skip", "starts",
+        [sys.executable, str(ROOT / "bench" / "bench.py"), "--smoke", "--parts", "sweep,models",
          "--models", "mlp-4x64", "--out", str(tmp_path)],
         capture_output=True, text=True, timeout=600,
     )
@@ -26,5 +26,6 @@ def test_bench_smoke_runs_and_saves(tmp_path):
     assert backends["trtrtx"]["median_ms"] > 0
     sweep = results["dynamic_sweep"]["trtrtx"]
     assert len(sweep["per_length"]) == 8
+    assert sweep["recompiles"] == 0 and sweep["compiled_graphs"] == 1
     assert all(p["max_err_vs_eager"] < 1e-3 for p in sweep["per_length"])
     assert "| mlp-4x64 |" in saved[0].with_suffix(".md").read_text()

@@ -306,7 +306,7 @@ def test_gpu_outer_cuda_graph_replays_new_inputs(strategy, dynamic):
         torch._dynamo.mark_dynamic(static_x, 0)
     compiled = torch.compile(model, backend="trtrtx", options={
         "min_block_size": 1, "runtime": "tensorrt_rtx", "cuda_graph_strategy": strategy})
-    with torch.no_grad():
+    with torch.no_grad(), recording() as graphs:
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
@@ -316,6 +316,13 @@ def test_gpu_outer_cuda_graph_replays_new_inputs(strategy, dynamic):
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             static_y = compiled(static_x)
+    (region,) = graphs[0].regions
+    assert region.kind == "tensorrt_rtx"
+    assert not region.capture_fallback_said  # the graph recorded the engine, not a PyTorch fallback
+    executor = region.executor
+    plain = executor.capture or executor.main  # the context the capture ran
+    assert plain.capture_scratch is not None and not plain.native_graphs
+    with torch.no_grad():
         for _ in range(4):
             new = torch.randn_like(static_x)
             static_x.copy_(new)
