@@ -153,6 +153,7 @@ class TrtExecutor:
         # One scratch memory for uncaptured calls: a call on another stream waits for the previous
         # call's work, or two streams would run the engine over the same activations at once.
         self._scratch: torch.Tensor | None = None
+        self._memory_size = int(self.engine.device_memory_size_v2)  # for the profile's largest shapes
         self._last_stream: Any = None
         self._last_raw: int | None = None
         self._side: torch.cuda.Stream | None = None
@@ -279,7 +280,7 @@ class TrtExecutor:
     def _bind_memory(self, b: _Binding, capturing: bool) -> None:
         """Give the context its scratch memory: the executor's own outside captures (the engine's
         size for its largest shapes, so it never moves), a block of the graph's pool inside one."""
-        size = int(self.engine.device_memory_size_v2)
+        size = self._memory_size
         if capturing:
             if self.region.dynamic and hasattr(b.context, "update_device_memory_size_for_shapes"):
                 size = int(b.context.update_device_memory_size_for_shapes())  # this call's shapes
