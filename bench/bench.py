@@ -187,6 +187,8 @@ def run_config(name: str, factory: Callable[[], nn.Module], shape: tuple[int, ..
             row["median_ms"] = statistics.median(lat)
             row["p90_ms"] = p90(lat)
             row["regions"] = len(regions.get(bname, [])) if "trtrtx" in bname else None
+            # regions that failed first-call validation (or never built) run in PyTorch: say so
+            row["regions_in_pytorch"] = sum(r.kind == "pytorch" for r in regions.get(bname, []))
         if lat and CUDA and regions.get(bname):
             row["engine_ms"] = engine_ms(compiled[bname], x, regions[bname], iters)
     return {"model": name, "shape": list(shape), "dtype": str(dtype).removeprefix("torch."), "backends": results}
@@ -396,16 +398,17 @@ def table(results: dict[str, Any]) -> str:
         ratios = " | ".join(f"{best / b[p]['median_ms']:.2f}" if "median_ms" in b.get(p, {}) else "-"
                             for p in ("torch_tensorrt", "inductor-ro", "inductor"))
         lines.append(f"| {c['model']} | {tuple(c['shape'])} | {c['dtype']} | {ratios} | {split} |")
-    lines += ["", "| model | shape | dtype | backend | cold compile s | peak MB | max err vs fp32 | engine builds |",
-              "|---|---|---|---|---|---|---|---|"]
+    lines += ["", "| model | shape | dtype | backend | cold compile s | peak MB | max err vs fp32 | engine builds "
+              "| regions (in PyTorch) |", "|---|---|---|---|---|---|---|---|---|"]
     for c in results["configs"]:
         for b, row in c["backends"].items():
             if "error" in row:
-                lines.append(f"| {c['model']} | {tuple(c['shape'])} | {c['dtype']} | {b} | error: {row['error'][:80]} | | | |")
+                lines.append(f"| {c['model']} | {tuple(c['shape'])} | {c['dtype']} | {b} | error: {row['error'][:80]} | | | | |")
                 continue
             mem = f"{row['peak_mem_mb']:.0f}" if row.get("peak_mem_mb") is not None else "-"
             lines.append(f"| {c['model']} | {tuple(c['shape'])} | {c['dtype']} | {b} | {row['cold_compile_s']:.2f} | "
-                         f"{mem} | {row['max_err_vs_fp32']:.2e} | {row.get('engine_builds') if row.get('engine_builds') is not None else '-'} |")
+                         f"{mem} | {row['max_err_vs_fp32']:.2e} | {row.get('engine_builds') if row.get('engine_builds') is not None else '-'} | "
+                         f"{row.get('regions') if row.get('regions') is not None else '-'} ({row.get('regions_in_pytorch', '-')}) |")
     return "\n".join(lines)
 
 

@@ -18,9 +18,13 @@ case "$what" in
 tests)
   python3 -m rtx_backend info > "$out/info.txt" 2>&1
   logs=$(mktemp -d)
-  grep -l "mark.gpu" tests/test_*.py | xargs -P "${JOBS:-1}" -I{} sh -c \
-    'log='"$logs"'/$(basename {} .py).log; timeout '"${PER_FILE:-300}"' python3 -m pytest -m gpu -q -s -p no:cacheprovider -rfEs {} > $log 2>&1; echo "{} rc=$? $(grep -E "(passed|failed|error|skipped)" $log | tail -1)"' \
-    | sort | tee "$out/summary.txt"
+  # FILES: a subset; the memory test measures the whole GPU's memory, so it runs alone, last
+  files=$(grep -l "mark.gpu" ${FILES:-tests/test_*.py})
+  run_file='log='"$logs"'/$(basename {} .py).log; timeout '"${PER_FILE:-300}"' python3 -m pytest -m gpu -q -s \
+    -p no:cacheprovider -o faulthandler_timeout='"${HANG_S:-150}"' -rfEs {} > $log 2>&1; \
+    echo "{} rc=$? $(grep -E "(passed|failed|error|skipped)" $log | tail -1)"'
+  echo "$files" | grep -v reliability_memory | xargs -P "${JOBS:-1}" -I{} sh -c "$run_file" | sort | tee "$out/summary.txt"
+  echo "$files" | grep reliability_memory | xargs -I{} sh -c "$run_file" | tee -a "$out/summary.txt"
   for f in "$logs"/*.log; do echo "===== $f"; cat "$f"; done > "$out/gpu-tests.log"
   ;;
 crosscheck)

@@ -22,8 +22,11 @@ import torch
 _FLOAT_TOLERANCE: dict[torch.dtype, tuple[float, float]] = {
     torch.float64: (1e-6, 1e-6),
     torch.float32: (1e-2, 1e-2),
-    torch.float16: (2e-2, 2e-2),
-    torch.bfloat16: (8e-2, 8e-2),
+    # atol is this factor times the reference's RMS. FP16 and BF16 reductions over thousands of
+    # terms differ by a few percent of RMS between kernels (measured on the H200: a 4x4096 FP16
+    # MLP, TensorRT-RTX against cuBLAS, 2.9%); garbage, zeros and layout errors are ~100% of it.
+    torch.float16: (5e-2, 2e-2),
+    torch.bfloat16: (1e-1, 8e-2),
 }
 _ATOL_FLOOR: dict[torch.dtype, float] = {  # for references that are (nearly) all zero
     torch.float64: 1e-12,

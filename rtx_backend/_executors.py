@@ -280,10 +280,8 @@ class TrtExecutor:
     def _bind_memory(self, b: _Binding, capturing: bool) -> None:
         """Give the context its scratch memory: the executor's own outside captures (the engine's
         size for its largest shapes, so it never moves), a block of the graph's pool inside one."""
-        size = self._memory_size
+        size = self._memory_size  # (a smaller size for the call's shapes makes Myelin re-resolve shapes)
         if capturing:
-            if self.region.dynamic and hasattr(b.context, "update_device_memory_size_for_shapes"):
-                size = int(b.context.update_device_memory_size_for_shapes())  # this call's shapes
             b.capture_scratch = torch.empty(max(size, 1), dtype=torch.uint8, device=self.device)
             memory = (b.capture_scratch.data_ptr(), size)
         else:

@@ -199,7 +199,7 @@ def test_gpu_no_check_inside_an_outer_cuda_graph_capture():
     with torch.no_grad(), recording() as graphs:
         compiled(x)  # compiles and validates
     region = graphs[0].regions[0]
-    region.validated_executor = None  # as if the first call were the captured one
+    region.validated_executor = region.checked = None  # as if the first call were the captured one
     graph = torch.cuda.CUDAGraph()
     with torch.no_grad(), torch.cuda.graph(graph):
         y = compiled(x)
