@@ -277,13 +277,18 @@ def export_region(gm: torch.fx.GraphModule, *, optimize: bool = True) -> OnnxReg
     def export() -> Any:
         with _outside_dynamo(), warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
             warnings.simplefilter("ignore")
+            # Non-strict torch.export only: the exporter's next strategy, strict export, runs Dynamo,
+            # which waits for the compile lock that the user's compile (our caller) holds: a deadlock.
+            try:
+                exported = _export_non_strict(wrapper, args, _dynamic_shapes(inputs))
+            except Exception as exc:
+                raise BuildError(f"torch.export failed: {_first_line(exc)}") from exc
             return torch.onnx.export(
-                wrapper,
+                exported,
                 args,
                 dynamo=True,
                 input_names=[s.name for s in inputs],
                 output_names=[s.name for s in outputs],
-                dynamic_shapes=_dynamic_shapes(inputs),  # (per-input dicts,) for *tensors
                 optimize=optimize,
                 verbose=False,
                 report=False,
@@ -295,11 +300,33 @@ def export_region(gm: torch.fx.GraphModule, *, optimize: bool = True) -> OnnxReg
         # half-way cannot leave its modes behind in the thread that goes on running the model.
         with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="trtrtx-export") as pool:
             program = pool.submit(export).result()
+    except BuildError:
+        raise
     except Exception as exc:
         raise BuildError(f"ONNX export failed: {_first_line(exc)}") from exc
     if program is None:
         raise BuildError("ONNX export returned nothing")
     return OnnxRegion(program.model_proto.SerializeToString(), tensor_args, inputs, outputs)
+
+
+def _export_non_strict(module: torch.nn.Module, args: tuple[torch.Tensor, ...], dynamic_shapes: Any) -> Any:
+    """torch.export, non-strict, as the ONNX exporter's first strategy does it: size-oblivious
+    0/1 dimensions, and one retry with torch.export's suggested fixes to the dynamic shapes
+    (a dimension that the graph pins to another, or to a constant)."""
+    config = torch.fx.experimental._config
+    patch = (
+        config.patch(backed_size_oblivious=True)  # type: ignore[attr-defined]
+        if hasattr(config, "backed_size_oblivious") else contextlib.nullcontext()
+    )
+    with patch:
+        try:
+            return torch.export.export(module, args, dynamic_shapes=dynamic_shapes, strict=False)
+        except torch._dynamo.exc.UserError as exc:
+            try:
+                refined = torch.export.dynamic_shapes.refine_dynamic_shapes_from_suggested_fixes(exc.msg, dynamic_shapes)
+            except Exception:
+                raise exc from None
+            return torch.export.export(module, args, dynamic_shapes=refined, strict=False)
 
 
 @contextlib.contextmanager

@@ -160,3 +160,27 @@ def test_fallback_model_keeps_working_across_calls_and_shapes(monkeypatch):
         for _ in range(3):
             x = torch.randn(4, 16)
             torch.testing.assert_close(compiled(x), model(x))
+
+
+def test_failed_export_never_falls_back_to_strict_export(monkeypatch, caplog):
+    """torch.onnx would retry a failed non-strict torch.export in strict mode, which runs Dynamo:
+    inside the user's torch.compile that waits on Dynamo's compile lock forever (seen on the GPU
+    machine). The bridge exports non-strict only; a failure is a PyTorch fallback, not a hang."""
+    real = torch.export.export
+    calls = []
+
+    def export(*args, strict=True, **kwargs):
+        calls.append(strict)
+        if not strict:
+            raise RuntimeError("injected non-strict export failure")
+        return real(*args, strict=strict, **kwargs)
+
+    monkeypatch.setattr(torch.export, "export", export)
+    model = eval_model(MLP())
+    x = torch.randn(4, 16)
+    with caplog.at_level(logging.WARNING, "rtx_backend"):
+        y = compile_and_run(model, x, **BUILD)
+    torch.testing.assert_close(y, model(x))
+    assert calls and not any(calls), calls  # only strict=False was tried
+    assert "injected non-strict export failure" in caplog.text
+    assert [r.kind for r in regions()] == ["pytorch"]
