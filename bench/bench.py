@@ -497,7 +497,7 @@ def main() -> None:
     for key in ("dynamic_sweep", "overhead", "fresh_process"):
         if key in results:
             print(f"\n{key}: {json.dumps(results[key], indent=1)}")
-    print(f"saved {stem}.json/.md" + (" and .png" if plot(results, stem.with_suffix(".png")) else " (no plot: matplotlib missing)"))
+    print(f"saved {stem}.json/.md" + (" and .png" if plot(results, stem.with_name(stem.name + ".png")) else " (no plot: matplotlib missing)"))
 
 
 def plan(models: dict[str, Any], configs: str, dtypes: str) -> list[tuple[str, int, torch.dtype]]:
@@ -517,10 +517,10 @@ def plan(models: dict[str, Any], configs: str, dtypes: str) -> list[tuple[str, i
 
 def save(results: dict[str, Any], stem: Path) -> str:
     text = table(results)
-    stem.with_suffix(".json").write_text(json.dumps(results, indent=1))
+    stem.with_name(stem.name + ".json").write_text(json.dumps(results, indent=1))
     extra = "".join(f"\n## {k}\n\n```json\n{json.dumps(results[k], indent=1)}\n```\n"
                     for k in ("fresh_process", "overhead", "dynamic_sweep") if k in results)
-    stem.with_suffix(".md").write_text(
+    stem.with_name(stem.name + ".md").write_text(
         f"# {stem.name}\n\n```\n{json.dumps(results['env'], indent=1)}\n```\n\n{text}\n{extra}")
     return text
 

@@ -238,9 +238,17 @@ _FUSED_ATTENTION = {
 }
 
 
+_VIEWS = (torch.ops.aten.view.default, torch.ops.aten._unsafe_view.default)
+
+
 def unfuse_attention(gm: torch.fx.GraphModule) -> None:
     """Replace fused attention kernels whose only used output is the attention itself by
-    aten.scaled_dot_product_attention (same inputs, same result), which the exporter translates."""
+    aten.scaled_dot_product_attention (same inputs, same result), which the exporter translates.
+
+    The fused kernels return their output in their own memory layout, and aot_autograd recorded
+    the views after them for that layout; the plain op's output is laid out differently, so the
+    region's views become reshapes (the same values; in ONNX both are Reshape)."""
+    unfused = False
     for node in list(gm.graph.nodes):
         names = _FUSED_ATTENTION.get(node.target) if node.op == "call_function" else None
         if names is None or any(u.target is not operator.getitem or u.args[1] != 0 for u in node.users):
@@ -255,6 +263,11 @@ def unfuse_attention(gm: torch.fx.GraphModule) -> None:
             user.replace_all_uses_with(plain)
             gm.graph.erase_node(user)
         gm.graph.erase_node(node)
+        unfused = True
+    if unfused:
+        for node in gm.graph.nodes:
+            if node.op == "call_function" and node.target in _VIEWS:
+                node.target = torch.ops.aten.reshape.default
     gm.graph.lint()
     gm.recompile()
 

@@ -189,3 +189,31 @@ def test_fused_cuda_attention_exports_as_attention(_name, target, extra, mask):
     session = ort.InferenceSession(region.model, providers=["CPUExecutionProvider"])
     (got,) = session.run(None, {s.name: t.numpy() for s, t in zip(region.inputs, inputs)})
     torch.testing.assert_close(torch.from_numpy(got), expected, atol=1e-5, rtol=1e-5)
+
+
+def test_views_after_a_fused_attention_survive_its_layout():
+    """CUDA's kernels return attention as (batch, length, heads, dim) in memory; aot_autograd then
+    records transpose + view to merge the heads, a view the plain op's layout does not allow."""
+    import onnxruntime as ort
+
+    graph = torch.fx.Graph()
+    q, k, v = (graph.placeholder(n) for n in "qkv")
+    fused = graph.call_function(torch.ops.aten._scaled_dot_product_efficient_attention.default,
+                                (q, k, v, None, False))
+    first = graph.call_function(operator.getitem, (fused, 0))
+    merged = graph.call_function(torch.ops.aten.transpose.int, (first, 1, 2))
+    out = graph.call_function(torch.ops.aten.view.default, (merged, [2, 5, 24]))
+    graph.output((out,))
+    flash_layout = torch.empty(2, 5, 3, 8).transpose(1, 2)  # (2, 3, 5, 8) with the kernel's strides
+    for node, val in zip(graph.nodes, [torch.empty(2, 3, 5, 8)] * 3):
+        node.meta["val"] = val
+    first.meta["val"] = flash_layout
+    merged.meta["val"] = flash_layout.transpose(1, 2)
+    out.meta["val"] = torch.empty(2, 5, 24)
+    region = export_region(torch.fx.GraphModule(torch.nn.Module(), graph))
+    torch.manual_seed(0)
+    qkv = [torch.randn(2, 3, 5, 8) for _ in range(3)]
+    expected = F.scaled_dot_product_attention(*qkv).transpose(1, 2).reshape(2, 5, 24)
+    session = ort.InferenceSession(region.model, providers=["CPUExecutionProvider"])
+    (got,) = session.run(None, {s.name: t.numpy() for s, t in zip(region.inputs, qkv)})
+    torch.testing.assert_close(torch.from_numpy(got), expected, atol=1e-5, rtol=1e-5)
