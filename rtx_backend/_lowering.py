@@ -62,6 +62,7 @@ def lower(
         # aot_autograd calls us under its fake mode; export and build need real tensors.
         with unset_fake_temporarily():
             freeze(aten_gm, weights)
+            views_to_reshapes(aten_gm)
             fn = compile_inference(aten_gm, args)
             compiled.append((fn, plain_calling_convention(aten_gm, len(example_inputs))))
             return make_boxed_func(fn)
@@ -105,6 +106,28 @@ def plain_calling_convention(aten_gm: torch.fx.GraphModule, n_inputs: int) -> bo
         and not getattr(meta, "num_graphsafe_rng_states", 0)
         and all(not isinstance(m, SubclassCreationMeta) for m in meta.subclass_inp_meta or ())
     )
+
+
+_VIEWS = (torch.ops.aten.view.default, torch.ops.aten._unsafe_view.default)
+
+
+def views_to_reshapes(gm: torch.fx.GraphModule) -> None:
+    """Make the graph's views reshapes: the same values, for inputs of any layout.
+
+    aot_autograd records a reshape as a view wherever the traced layout allows one. Regions
+    change layouts: an engine returns its outputs contiguous where the trace had, say, a
+    transposed tensor, and a fused kernel replaced in a region lays out its output its own way.
+    A view recorded for the traced layout then fails ("view size is not compatible"); a reshape
+    is a view where one is possible and a copy where not. The graph is functional (no mutation
+    through views), so nothing else changes; in ONNX both are Reshape.
+    """
+    changed = False
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and node.target in _VIEWS:
+            node.target = torch.ops.aten.reshape.default
+            changed = True
+    if changed:
+        gm.recompile()
 
 
 def freeze(gm: torch.fx.GraphModule, weights: dict[int, torch.Tensor]) -> None:

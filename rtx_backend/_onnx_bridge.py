@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from ._errors import BuildError
+from ._lowering import views_to_reshapes
 
 log = logging.getLogger("rtx_backend")
 
@@ -238,16 +239,13 @@ _FUSED_ATTENTION = {
 }
 
 
-_VIEWS = (torch.ops.aten.view.default, torch.ops.aten._unsafe_view.default)
-
-
 def unfuse_attention(gm: torch.fx.GraphModule) -> None:
     """Replace fused attention kernels whose only used output is the attention itself by
     aten.scaled_dot_product_attention (same inputs, same result), which the exporter translates.
 
     The fused kernels return their output in their own memory layout, and aot_autograd recorded
     the views after them for that layout; the plain op's output is laid out differently, so the
-    region's views become reshapes (the same values; in ONNX both are Reshape)."""
+    region's views become reshapes (see views_to_reshapes)."""
     unfused = False
     for node in list(gm.graph.nodes):
         names = _FUSED_ATTENTION.get(node.target) if node.op == "call_function" else None
@@ -265,9 +263,7 @@ def unfuse_attention(gm: torch.fx.GraphModule) -> None:
         gm.graph.erase_node(node)
         unfused = True
     if unfused:
-        for node in gm.graph.nodes:
-            if node.op == "call_function" and node.target in _VIEWS:
-                node.target = torch.ops.aten.reshape.default
+        views_to_reshapes(gm)
     gm.graph.lint()
     gm.recompile()
 

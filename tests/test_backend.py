@@ -235,3 +235,26 @@ def test_gpu_transformer_encoder_fp16_runs_on_tensorrt_rtx():
     torch.testing.assert_close(y, expected, atol=2e-2, rtol=2e-2)
     assert [r.kind for r in regions()] == ["tensorrt_rtx"]
     assert not [op for g in _LAST for _, op in g.plan.eager_ops]
+
+
+class _TransposedBoundary(torch.nn.Module):
+    """A region ends in a transpose (its engine returns it contiguous); the PyTorch side then
+    undoes the transpose and flattens, which aot_autograd traced as a view of the transposed
+    layout."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        y = torch.relu(self.linear(x)).transpose(1, 2)
+        return torch.sigmoid(y).transpose(1, 2).reshape(x.shape[0], -1)
+
+
+def test_pytorch_side_views_take_engine_outputs_of_any_layout():
+    model = eval_model(_TransposedBoundary())
+    x = torch.randn(2, 5, 8)
+    y = compile_and_run(model, x, min_block_size=1, torch_executed_ops=["aten.sigmoid"],
+                        target_compute_capabilities=SM86)
+    torch.testing.assert_close(y, model(x))
+    assert regions() and all(r.kind == "onnxruntime" for r in regions())  # none fell back to PyTorch
