@@ -239,6 +239,13 @@ _FUSED_ATTENTION = {
 }
 
 
+def unfusable(node: torch.fx.Node) -> bool:
+    """Whether `node` is a fused attention kernel that unfuse_attention turns into the plain op."""
+    return node.op == "call_function" and node.target in _FUSED_ATTENTION and all(
+        u.target is operator.getitem and u.args[1] == 0 for u in node.users
+    )
+
+
 def unfuse_attention(gm: torch.fx.GraphModule) -> None:
     """Replace fused attention kernels whose only used output is the attention itself by
     aten.scaled_dot_product_attention (same inputs, same result), which the exporter translates.
@@ -248,9 +255,9 @@ def unfuse_attention(gm: torch.fx.GraphModule) -> None:
     region's views become reshapes (see views_to_reshapes)."""
     unfused = False
     for node in list(gm.graph.nodes):
-        names = _FUSED_ATTENTION.get(node.target) if node.op == "call_function" else None
-        if names is None or any(u.target is not operator.getitem or u.args[1] != 0 for u in node.users):
+        if not unfusable(node):
             continue
+        names = _FUSED_ATTENTION[node.target]
         kwargs = {k: v for k, v in zip(names, node.args[3:]) if k is not None}
         if "scale" in node.kwargs:
             kwargs["scale"] = node.kwargs["scale"]

@@ -22,6 +22,7 @@ from torch.fx import Node
 from torch.fx.passes.operator_support import OperatorSupportBase
 
 from . import _exporter_ops
+from ._onnx_bridge import unfusable
 from ._options import Target
 
 
@@ -293,7 +294,7 @@ class CapabilitySupport(OperatorSupportBase):
                 return Reason("torch_executed_ops", f"{overload} is listed in torch_executed_ops")
             if node.target._schema.is_mutable:
                 return Reason("mutation", f"{overload} mutates its inputs")
-            if not _exporter_ops.is_translated(node.target):
+            if not _exporter_ops.is_translated(node.target) and not unfusable(node):
                 return Reason("not-exportable", f"the ONNX exporter has no translation for {overload}")
         facts = node_facts(node)
         if isinstance(facts, Reason):

@@ -165,6 +165,7 @@ def _fused_attention_graph(target, *extra, mask: bool) -> torch.fx.GraphModule:
     for node, val in zip(graph.nodes, vals):
         node.meta["val"] = val
     first.meta["val"] = graph.find_nodes(op="output")[0].args[0][0].meta["val"] = torch.empty(2, 3, 5, 8)
+    fused.meta["val"] = (first.meta["val"], torch.empty(2, 3, 5))  # (attention, logsumexp), as traced
     return torch.fx.GraphModule(torch.nn.Module(), graph)
 
 
@@ -173,17 +174,21 @@ def _fused_attention_graph(target, *extra, mask: bool) -> torch.fx.GraphModule:
     ("efficient_lse_mask", torch.ops.aten._scaled_dot_product_efficient_attention.default, (True, 0.0, False), True),
     ("efficient_causal", torch.ops.aten._scaled_dot_product_efficient_attention.default, (False, 0.0, True), False),
     ("flash_causal", torch.ops.aten._scaled_dot_product_flash_attention.default, (0.0, True), False),
+    # cuDNN's kernel (picked on Hopper): the exporter has no translation; the policy lets it in
+    ("cudnn_causal", torch.ops.aten._scaled_dot_product_cudnn_attention.default, (False, 0.0, True, False), False),
 ])
 def test_fused_cuda_attention_exports_as_attention(_name, target, extra, mask):
     import onnxruntime as ort
 
     gm = _fused_attention_graph(target, *extra, mask=mask)
+    fused = next(n for n in gm.graph.nodes if n.target is target)
+    assert _policy.CapabilitySupport(AMPERE, ()).judge(fused) is None  # the bridge exports it
     region = export_region(gm)
     assert not [n for n in gm.graph.nodes if n.target is target]
     torch.manual_seed(0)
     q, k, v = (torch.randn(2, 3, 5, 8) for _ in range(3))
     inputs = [q, k, v] + ([torch.randn(2, 3, 5, 5)] if mask else [])
-    causal = extra[-1] is True
+    causal = extra[1] if target is torch.ops.aten._scaled_dot_product_flash_attention.default else extra[2]
     expected = 2 * F.scaled_dot_product_attention(
         q, k, v, attn_mask=inputs[3] if mask else None, is_causal=causal)
     session = ort.InferenceSession(region.model, providers=["CPUExecutionProvider"])
