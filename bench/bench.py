@@ -198,7 +198,11 @@ def engine_ms(fn: Callable[..., Any], x: torch.Tensor, regions: list[Any], iters
     """Per call, the time of the model's TensorRT-RTX executors alone (CUDA events), on the inputs
     each region receives: at a large batch, the engine time; the rest of a call is everything else."""
     from rtx_backend._executors import TrtExecutor
+    from rtx_backend._record import recording
 
+    with torch.inference_mode(), recording() as graphs:
+        fn(x)  # compiles again if a later backend's torch._dynamo.reset() dropped this one
+    regions = [r for g in graphs for r in g.regions] or regions
     seen: dict[int, list[torch.Tensor]] = {}
 
     def keep(module: Any, args: tuple[Any, ...]) -> None:
