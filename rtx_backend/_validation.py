@@ -22,7 +22,7 @@ import torch
 
 from . import _stats
 from ._compare import compare, default_tolerance
-from ._executors import TorchExecutor
+from ._executors import TorchExecutor, stream_capturing
 
 log = logging.getLogger("rtx_backend")
 
@@ -31,7 +31,7 @@ def capturing(tensors: Sequence[torch.Tensor]) -> bool:
     """Whether the current CUDA stream is capturing (never true for CPU tensors)."""
     if not any(isinstance(t, torch.Tensor) and t.is_cuda for t in tensors):
         return False
-    return bool(torch.cuda.is_current_stream_capturing())
+    return stream_capturing()
 
 
 def first_call(module: Any, args: Sequence[Any], outputs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:

@@ -118,7 +118,6 @@ def fake_executor(monkeypatch):
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: FakeStream(world, world.stream))
     monkeypatch.setattr(torch.cuda, "Stream", lambda device=None: FakeStream(world, 99))
-    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: world.capturing)
     monkeypatch.setattr(_executors, "current_raw_stream", lambda index: world.stream)
     monkeypatch.setattr(_executors, "stream_capturing", lambda: world.capturing)
     monkeypatch.setattr(_runtime_cache, "_CACHES", {})
