@@ -77,9 +77,9 @@ def model_table(smoke: bool) -> dict[str, tuple[Callable[[], nn.Module], Callabl
     return {
         "mlp-4x4096": (mlp, lambda b: (b, 4096), [1, 256], [f16, f32]),
         "resnet18": (lambda: resnet(18), lambda b: (b, 3, 224, 224), [1, 32], [f16, f32]),
-        "resnet50": (lambda: resnet(50), lambda b: (b, 3, 224, 224), [32], [f16]),
-        "encoder-6x768": (encoder, lambda b: (b, 256, 768), [1, 16], [f16]),
-        "conv3d": (Conv3dNet, lambda b: (b, 3, 16, 64, 64), [1, 8], [f16]),
+        "resnet50": (lambda: resnet(50), lambda b: (b, 3, 224, 224), [1, 32], [f16, f32]),
+        "encoder-6x768": (encoder, lambda b: (b, 256, 768), [1, 16], [f16, f32]),
+        "conv3d": (Conv3dNet, lambda b: (b, 3, 16, 64, 64), [1, 8], [f16, f32]),
     }
 
 
@@ -458,10 +458,20 @@ def main() -> None:
                         help="backends of the dynamic sweep: trtrtx,inductor,torch_tensorrt")
     parser.add_argument("--out", default=str(HERE / "results"))
     parser.add_argument("--tag", default="")
+    parser.add_argument("--merge", nargs="+", default=None, metavar="JSON",
+                        help="combine result files of one GPU and TensorRT-RTX version (parts run in "
+                        "parallel processes, e.g. one per GPU) into one result under --out/--tag")
     parser.add_argument("--child-start", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child_start:
         child_start(args.child_start)
+        return
+    if args.merge:
+        merged = merge([json.loads(Path(f).read_text()) for f in args.merge])
+        env = merged["env"]
+        stem = Path(args.out) / f"{env['date']}-{env.get('gpu', 'cpu').replace(' ', '-')}{'-' + args.tag if args.tag else ''}"
+        print(save(merged, stem))
+        print(f"saved {stem}.json/.md" + (" and .png" if plot(merged, stem.with_name(stem.name + ".png")) else ""))
         return
     torch._dynamo.config.cache_size_limit = 256
     torch._dynamo.config.accumulated_cache_size_limit = 4096
@@ -517,6 +527,26 @@ def plan(models: dict[str, Any], configs: str, dtypes: str) -> list[tuple[str, i
     wanted = set(dtypes.split(",")) if dtypes else None
     return [(name, batch, dtype) for name, (_, _, batches, types) in models.items() for dtype in types
             if not wanted or str(dtype).removeprefix("torch.") in wanted for batch in batches]
+
+
+def merge(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """One result from several: configs in order, backends in first-seen order, each other part
+    (starts, overhead, sweep) from the file that has it. Files of different GPUs or versions are
+    not comparable side by side, so they are refused."""
+    keys = ("gpu", "tensorrt_rtx", "torch", "driver")
+    first = parts[0]["env"]
+    for p in parts[1:]:
+        diff = [k for k in keys if p["env"].get(k) != first.get(k)]
+        if diff:
+            raise SystemExit(f"cannot merge results that differ in {', '.join(diff)}")
+    out: dict[str, Any] = {"env": dict(first), "backends": [], "configs": []}
+    for p in parts:
+        out["backends"] += [b for b in p["backends"] if b not in out["backends"]]
+        out["configs"] += p["configs"]
+        for key in ("fresh_process", "overhead", "dynamic_sweep"):
+            if key in p:
+                out.setdefault(key, p[key])
+    return out
 
 
 def save(results: dict[str, Any], stem: Path) -> str:

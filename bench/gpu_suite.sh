@@ -9,11 +9,12 @@ set -uo pipefail
 ver=$1; what=$2; shift 2
 out=${OUT:-/tmp/out}
 mkdir -p "$out"
-if [ ! -d /tmp/site/tensorrt_rtx ]; then
-  bash .device/install.sh "$ver" /tmp/site >/dev/null || exit 1
-  PYTHONPATH=/tmp/site python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . 2>&1 | tail -2
+site=/tmp/site-$ver  # one per version: a warm machine may run both
+if [ ! -d "$site/tensorrt_rtx" ]; then
+  bash .device/install.sh "$ver" "$site" >/dev/null || exit 1
+  PYTHONPATH=$site python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . 2>&1 | tail -2
 fi
-export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 RTX_BACKEND_DYNAMIC_JSON=$out/dynamic.jsonl
+export PYTHONPATH=$site PYTHONUNBUFFERED=1 RTX_BACKEND_DYNAMIC_JSON=$out/dynamic.jsonl
 case "$what" in
 tests)
   python3 -m rtx_backend info > "$out/info.txt" 2>&1
