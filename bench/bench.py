@@ -177,6 +177,14 @@ def run_config(name: str, factory: Callable[[], nn.Module], shape: tuple[int, ..
         except Exception as exc:  # a backend that cannot compile this model is a result too
             row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
         results[bname] = row
+    # Each compile above began with torch._dynamo.reset(), which drops the earlier backends' code:
+    # their first call here compiles again (from the engine cache). Keep the regions in use now.
+    for bname, fn in compiled.items():
+        with torch.inference_mode(), recording() as graphs:
+            fn(x)
+        if graphs:
+            regions[bname] = [r for g in graphs for r in g.regions]
+    sync()
     for _ in range(rounds):  # interleaved rounds
         for bname, fn in compiled.items():
             with torch.inference_mode():
@@ -198,11 +206,7 @@ def engine_ms(fn: Callable[..., Any], x: torch.Tensor, regions: list[Any], iters
     """Per call, the time of the model's TensorRT-RTX executors alone (CUDA events), on the inputs
     each region receives: at a large batch, the engine time; the rest of a call is everything else."""
     from rtx_backend._executors import TrtExecutor
-    from rtx_backend._record import recording
 
-    with torch.inference_mode(), recording() as graphs:
-        fn(x)  # compiles again if a later backend's torch._dynamo.reset() dropped this one
-    regions = [r for g in graphs for r in g.regions] or regions
     seen: dict[int, list[torch.Tensor]] = {}
 
     def keep(module: Any, args: tuple[Any, ...]) -> None:
@@ -269,7 +273,8 @@ def dynamic_sweep(smoke: bool, cache_dir: str, backends: list[str]) -> dict[str,
             continue
         s = rtx_backend.stats()
         graphs = int(torch._dynamo.utils.counters["stats"]["unique_graphs"])
-        out[bname] = {"compiled_graphs": graphs, "recompiles": max(0, graphs - 1),
+        breaks = int(sum(torch._dynamo.utils.counters["graph_break"].values()))
+        out[bname] = {"compiled_graphs": graphs, "recompiles": max(0, graphs - 1), "graph_breaks": breaks,
                       "engine_builds": s.get("engine_builds", 0) if bname == "trtrtx" else None,
                       "per_length": per}
     return out

@@ -9,6 +9,7 @@ package is not needed to use it.
 
 from __future__ import annotations
 
+from . import _decompositions
 from ._backend import trtrtx
 from ._crosscheck import CrosscheckReport, crosscheck
 from ._errors import (
@@ -25,6 +26,8 @@ from ._runtime_cache import save_runtime_cache
 from ._stats import reset_stats, stats
 
 __version__ = "0.1.0"
+
+_decompositions.register_missing_meta_kernels()  # before Dynamo traces a model for us
 
 __all__ = [
     "BuildError",

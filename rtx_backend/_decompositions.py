@@ -77,3 +77,28 @@ TABLE: dict[Any, Callable[..., Any]] = {
     aten._cdist_forward.default: _cdist_forward,  # the exporter has no cdist
     aten._transformer_encoder_layer_fwd.default: _encoder_layer,
 }
+
+
+def _encoder_layer_meta(src: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+    """The fast path's output: the input's shape and dtype (what torch >= 2.13 registers)."""
+    if src.is_nested:
+        raise NotImplementedError("_transformer_encoder_layer_fwd has no meta kernel for nested tensors")
+    return src.clone() if src.numel() == 0 else torch.empty_like(src)
+
+
+_META_LIBRARY: list[torch.library.Library] = []  # kept alive: dropping a Library unregisters it
+
+
+def register_missing_meta_kernels() -> bool:
+    """Give the encoder fast path a meta kernel where this torch has none (before 2.13).
+
+    Without one, Dynamo cannot trace `nn.TransformerEncoder` in eval mode with dynamic shapes:
+    fake tensors fall back to the real kernel, which needs concrete sizes, so every layer breaks
+    the graph and runs in PyTorch. Returns whether a kernel was registered."""
+    name = "aten::_transformer_encoder_layer_fwd"
+    if _META_LIBRARY or torch._C._dispatch_has_kernel_for_dispatch_key(name, "Meta"):
+        return False
+    library = torch.library.Library("aten", "IMPL")
+    library.impl("_transformer_encoder_layer_fwd", _encoder_layer_meta, "Meta")
+    _META_LIBRARY.append(library)
+    return True

@@ -396,3 +396,22 @@ def test_gpu_shape_outside_profile_gets_a_widened_engine():
             torch.testing.assert_close(compiled(x), model(x), atol=2e-2, rtol=2e-2)
     assert rtx_backend.stats()["engine_rebuilds"] == len(graphs[0].regions)
     assert all(r.kind == "tensorrt_rtx" for r in graphs[0].regions)
+
+
+@pytest.mark.gpu
+def test_gpu_transformer_encoder_fast_path_sweeps_sequence_lengths_in_one_engine():
+    """nn.TransformerEncoder in eval takes its fused fast path; with dynamic shapes Dynamo needs
+    a meta kernel for it (torch < 2.13 has none: rtx_backend registers one), else every layer
+    runs in PyTorch and nothing is compiled."""
+    layer = nn.TransformerEncoderLayer(64, 4, 128, dropout=0.0, batch_first=True)
+    model = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False).eval().to("cuda", torch.float16)
+    compiled = torch.compile(model, backend="trtrtx", dynamic=True, options={
+        **NO_CACHE, "min_block_size": 1, "runtime": "tensorrt_rtx"})
+    with torch.inference_mode(), recording() as graphs:
+        for n in (8, 16, 40, 128):
+            x = torch.randn(4, n, 64, device="cuda", dtype=torch.float16)
+            torch.testing.assert_close(compiled(x), model(x), atol=2e-2, rtol=2e-2)
+    regions = [r for g in graphs for r in g.regions]
+    assert compiles() == 1
+    assert regions and all(r.kind == "tensorrt_rtx" for r in regions)
+    assert rtx_backend.stats()["engine_builds"] == len(regions)

@@ -1,0 +1,96 @@
+"""GPU probe: where the time to first result goes in a fresh process (ResNet-18, FP16), cold and
+with the engine and runtime caches present: seconds per pipeline stage, then cProfile's top
+functions of the warm start.
+
+    python bench/probes/warmstart.py            # parent: runs a cold child, then a warm one
+"""
+
+from __future__ import annotations
+
+import cProfile
+import functools
+import io
+import json
+import pstats
+import subprocess
+import sys
+import tempfile
+import time
+
+STAGES = [  # (module, function): timed by wrapping, in the child
+    ("rtx_backend._backend", "lower"), ("rtx_backend._backend", "compile_graph"),
+    ("rtx_backend._backend", "export_and_build"), ("rtx_backend._backend", "export_region"),
+    ("rtx_backend._backend", "_build_for"), ("rtx_backend._backend", "choose_executor"),
+    ("rtx_backend._engine_cache", "graph_digest"), ("rtx_backend._engine_cache", "EngineCache.load"),
+    ("rtx_backend._executors", "TrtExecutor.__init__"), ("rtx_backend._runtime", "first_call"),
+    ("rtx_backend._runtime", "RegionModule.forward"),
+]
+
+
+def wrap(timings: dict[str, float], module: str, name: str) -> None:
+    import importlib
+
+    mod = importlib.import_module(module)
+    owner, attr = (getattr(mod, name.split(".")[0]), name.split(".")[1]) if "." in name else (mod, name)
+    fn = getattr(owner, attr)
+
+    @functools.wraps(fn)
+    def timed(*args, **kwargs):
+        t = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            timings[name] = timings.get(name, 0.0) + time.perf_counter() - t
+
+    setattr(owner, attr, timed)
+
+
+def child(cache: str, profile: bool) -> None:
+    t0 = time.perf_counter()
+    import torch
+    import torchvision
+
+    import rtx_backend
+
+    t_import = time.perf_counter() - t0
+    timings: dict[str, float] = {}
+    for module, name in STAGES:
+        wrap(timings, module, name)
+    torch.manual_seed(0)
+    model = torchvision.models.resnet18().eval().cuda().half().requires_grad_(False)
+    x = torch.randn(1, 3, 224, 224, device="cuda", dtype=torch.float16)
+    torch.cuda.synchronize()
+    fn = torch.compile(model, backend="trtrtx", options={
+        "engine_cache_dir": f"{cache}/engines", "runtime_cache_path": f"{cache}/runtime.cache"})
+    pr = cProfile.Profile()
+    t = time.perf_counter()
+    with torch.inference_mode():
+        if profile:
+            pr.enable()
+        fn(x)
+        torch.cuda.synchronize()
+        pr.disable()
+    first = time.perf_counter() - t
+    rtx_backend.save_runtime_cache()
+    print(json.dumps({"import_s": t_import, "first_result_s": first,
+                      "stages_s": {k: round(v, 3) for k, v in timings.items()}, "stats": rtx_backend.stats()}))
+    if profile:
+        s = io.StringIO()
+        pstats.Stats(pr, stream=s).sort_stats("cumulative").print_stats(60)
+        print(s.getvalue()[-9000:], file=sys.stderr)
+
+
+def main() -> None:
+    if len(sys.argv) > 1:
+        child(sys.argv[1], sys.argv[2] == "1")
+        return
+    cache = tempfile.mkdtemp(prefix="trtrtx-warm-")
+    for label, profile in (("cold", "0"), ("warm", "0"), ("warm_profiled", "1")):
+        res = subprocess.run([sys.executable, __file__, cache, profile], capture_output=True, text=True)
+        print(label, res.stdout.strip().splitlines()[-1] if res.stdout.strip() else res.stderr[-3000:])
+        if profile == "1":
+            print(res.stderr[-9000:])
+
+
+if __name__ == "__main__":
+    main()
