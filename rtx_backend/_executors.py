@@ -157,6 +157,7 @@ class TrtExecutor:
         self._last_stream: Any = None
         self._last_raw: int | None = None
         self._side: torch.cuda.Stream | None = None
+        self._side_events: tuple[torch.cuda.Stream, torch.cuda.Stream, torch.cuda.Event, torch.cuda.Event] | None = None
         self._cache_ref: _runtime_cache.RuntimeCache | None = None
         self.main = self._make_binding(self.native_graphs, self.specialization)
         lazy_dynamic = self.region.dynamic and self.specialization == "lazy"
@@ -190,6 +191,13 @@ class TrtExecutor:
             self._side = torch.cuda.Stream(self.device)
         return self._side
 
+    def _side_path(self) -> tuple[torch.cuda.Stream, torch.cuda.Stream, torch.cuda.Event, torch.cuda.Event]:
+        """The side stream, the legacy default stream and the two events that order them."""
+        if self._side_events is None:
+            self._side_events = (self._side_stream(), torch.cuda.default_stream(self.device),
+                                 torch.cuda.Event(), torch.cuda.Event())
+        return self._side_events
+
     def __call__(self, tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         raw = current_raw_stream(self.device.index)
         capturing = stream_capturing()
@@ -218,8 +226,9 @@ class TrtExecutor:
         """Run one binding's context: set only what changed since its last call, then enqueue."""
         ctx = b.context
         new_shapes = shapes != b.input_shapes
+        index = self.device.index if self.device.type == "cuda" else -1
         for name, t in zip(self.input_names, tensors):
-            if t.device != self.device:
+            if t.get_device() != index:  # an int compare: no torch.device on every call
                 t = t.to(self.device)
             if not t.is_contiguous():
                 t = t.contiguous()  # a temporary copy stays valid: the allocator is stream-ordered
@@ -258,9 +267,10 @@ class TrtExecutor:
         run_on = raw
         if b.native_graphs and raw == 0:
             # CUDA cannot capture the legacy default stream: TensorRT-RTX's own graphs run on a
-            # side stream, ordered after and before the caller's work.
-            side = self._side_stream()
-            side.wait_stream(torch.cuda.current_stream(self.device))
+            # side stream, ordered after and before the caller's work (by two reused events).
+            side, default, ready, _ = self._side_path()
+            ready.record(default)
+            side.wait_event(ready)
             run_on = side.cuda_stream
         errors = _trt.logger().errors
         if errors:
@@ -270,7 +280,9 @@ class TrtExecutor:
                 f"region {self.name}: TensorRT-RTX execute_async_v3 failed: {'; '.join(errors) or 'no message'}"
             )
         if run_on != raw:
-            torch.cuda.current_stream(self.device).wait_stream(self._side_stream())
+            side, default, _, done = self._side_path()
+            done.record(side)
+            default.wait_event(done)
         if not capturing:
             b.warmed.add(shapes)
             if self._last_raw != raw:

@@ -296,7 +296,8 @@ def export_region(gm: torch.fx.GraphModule, *, optimize: bool = True) -> OnnxReg
             # Non-strict torch.export only: the exporter's next strategy, strict export, runs Dynamo,
             # which waits for the compile lock that the user's compile (our caller) holds: a deadlock.
             try:
-                exported = _export_non_strict(wrapper, args, _dynamic_shapes(inputs))
+                with _attention_without_shape_checks(gm, inputs):
+                    exported = _export_non_strict(wrapper, args, _dynamic_shapes(inputs))
             except Exception as exc:
                 raise BuildError(f"torch.export failed: {_first_line(exc)}") from exc
             return torch.onnx.export(
@@ -343,6 +344,24 @@ def _export_non_strict(module: torch.nn.Module, args: tuple[torch.Tensor, ...], 
             except Exception:
                 raise exc from None
             return torch.export.export(module, args, dynamic_shapes=refined, strict=False)
+
+
+def _attention_without_shape_checks(gm: torch.fx.GraphModule, inputs: Sequence[TensorSpec]) -> Any:
+    """For a dynamic region with attention on CUDA: trace under the math attention backend.
+
+    On CUDA, tracing scaled_dot_product_attention asks which fused kernel fits the shapes, and
+    those checks put guards on the symbolic sizes (torch.export: "Constraints violated"). The
+    node recorded is scaled_dot_product_attention whichever backend is picked, so the ONNX model
+    is the same; with only the math backend allowed, no kernel's conditions are checked. (The
+    backend flags are process-wide: a model running in another thread during the export would
+    use the math backend for that time.)"""
+    attention = any(n.target is torch.ops.aten.scaled_dot_product_attention.default for n in gm.graph.nodes)
+    cuda = any(getattr(n.meta.get("val"), "is_cuda", False) for n in _placeholders(gm))
+    if not (attention and cuda and any(s.dynamic for s in inputs)):
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel([SDPBackend.MATH])
 
 
 @contextlib.contextmanager

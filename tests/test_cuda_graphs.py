@@ -102,6 +102,20 @@ class FakeStream:
     def wait_stream(self, other: FakeStream) -> None:
         self.world.waits.append((self.cuda_stream, other.cuda_stream))
 
+    def wait_event(self, event: FakeEvent) -> None:
+        assert event.stream is not None, "waits for an event never recorded"
+        self.wait_stream(event.stream)
+
+
+class FakeEvent:
+    """A CUDA event stand-in: the stream it was last recorded on."""
+
+    def __init__(self) -> None:
+        self.stream: FakeStream | None = None
+
+    def record(self, stream: FakeStream) -> None:
+        self.stream = stream
+
 
 class World:
     """The fake CUDA state the executor sees: is the stream capturing, which stream is current."""
@@ -118,6 +132,8 @@ def fake_executor(monkeypatch):
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: FakeStream(world, world.stream))
     monkeypatch.setattr(torch.cuda, "Stream", lambda device=None: FakeStream(world, 99))
+    monkeypatch.setattr(torch.cuda, "default_stream", lambda device=None: FakeStream(world, 0))
+    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
     monkeypatch.setattr(_executors, "current_raw_stream", lambda index: world.stream)
     monkeypatch.setattr(_executors, "stream_capturing", lambda: world.capturing)
     monkeypatch.setattr(_runtime_cache, "_CACHES", {})

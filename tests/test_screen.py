@@ -222,3 +222,34 @@ def test_views_after_a_fused_attention_survive_its_layout():
     session = ort.InferenceSession(region.model, providers=["CPUExecutionProvider"])
     (got,) = session.run(None, {s.name: t.numpy() for s, t in zip(region.inputs, qkv)})
     torch.testing.assert_close(torch.from_numpy(got), expected, atol=1e-5, rtol=1e-5)
+
+
+class _CudaVal:
+    """A placeholder value that says it lives on CUDA (no CUDA here)."""
+
+    is_cuda = True
+
+
+@pytest.mark.parametrize(("_name", "cuda", "dynamic", "attention", "math_only"), [
+    ("cuda_dynamic_attention", True, True, True, True),
+    ("cpu", False, True, True, False),
+    ("static", True, False, True, False),
+    ("no_attention", True, True, False, False),
+])
+def test_dynamic_cuda_attention_is_traced_without_kernel_shape_checks(_name, cuda, dynamic, attention, math_only):
+    """On CUDA, choosing a fused attention kernel guards the symbolic sizes, and torch.export then
+    refuses the dynamic dimensions; the bridge traces such regions with the math backend only."""
+    from rtx_backend._onnx_bridge import TensorSpec, _attention_without_shape_checks
+
+    graph = torch.fx.Graph()
+    q = graph.placeholder("q")
+    q.meta["val"] = _CudaVal() if cuda else torch.empty(2, 3, 5, 8)
+    op = torch.ops.aten.scaled_dot_product_attention.default if attention else torch.ops.aten.relu.default
+    graph.output((graph.call_function(op, (q, q, q) if attention else (q,)),))
+    gm = torch.fx.GraphModule(torch.nn.Module(), graph)
+    spec = TensorSpec("input_0", (2, 3, "s0" if dynamic else 5, 8), torch.float16, (2, 3, 5, 8))
+    before = torch.backends.cuda.flash_sdp_enabled()
+    with _attention_without_shape_checks(gm, [spec]):
+        inside = (torch.backends.cuda.flash_sdp_enabled(), torch.backends.cuda.math_sdp_enabled())
+    assert inside == ((False, True) if math_only else (before, torch.backends.cuda.math_sdp_enabled()))
+    assert torch.backends.cuda.flash_sdp_enabled() == before
