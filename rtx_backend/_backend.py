@@ -19,7 +19,7 @@ import torch
 from . import _stats, _targets, _trt
 from ._dump import dump_region
 from ._engine import Profile, build
-from ._engine_cache import EngineCache
+from ._engine_cache import EngineCache, Validation
 from ._engine_cache import Entry as CacheEntry
 from ._errors import BuildError, RegionRefused, RtxBackendError, RuntimeUnavailableError
 from ._executors import OrtExecutor, TorchExecutor, TrtExecutor
@@ -134,7 +134,7 @@ def compile_region(
     reference = torch.fx.GraphModule(region_gm, copy.deepcopy(region_gm.graph))
     onnx_region = engine = None
     try:
-        onnx_region, engine, profile = export_and_build(region_gm, overrides, options)
+        onnx_region, engine, profile, record = export_and_build(region_gm, overrides, options)
         if options.dump_onnx_dir:
             dump_region(name, onnx_region, options.dump_onnx_dir)
         executor = choose_executor(name, onnx_region, engine, options, _device(reference))
@@ -150,32 +150,41 @@ def compile_region(
         log.debug("trtrtx: region %s failed", name, exc_info=exc)
         return RegionModule(name, reference, onnx_region, engine, TorchExecutor(reference))
     widener = EngineProfile(profile, functools.partial(_build_for, onnx_region.model, options)) if profile else None
-    return RegionModule(name, reference, onnx_region, engine, executor, validate=options.validate, profile=widener)
+    validate, on_validated = options.validate, None
+    if record is not None and isinstance(executor, TrtExecutor):
+        on_validated = record.mark
+        if validate and record.done():  # this cached engine agreed with PyTorch on this GPU before
+            validate = False
+            _stats.count("validations_skipped")
+            log.info("trtrtx: region %s: its cached engine was validated on this GPU before; not checked again", name)
+    return RegionModule(name, reference, onnx_region, engine, executor, validate=validate, profile=widener,
+                        on_validated=on_validated)
 
 
 def export_and_build(
     region_gm: torch.fx.GraphModule, overrides: dict[str, Any], options: Options
-) -> tuple[OnnxRegion, bytes | None, Profile]:
+) -> tuple[OnnxRegion, bytes | None, Profile, Validation | None]:
     """The region's ONNX model, engine and the engine's profile: from the engine cache when it
-    holds them, else exported and built (and stored). No engine (and an empty profile) where none
-    can be built or none is wanted."""
+    holds them, else exported and built (and stored); and the cache entry's validation record.
+    No engine (and an empty profile) where none can be built or none is wanted."""
     if not (_targets.can_build(options) and options.runtime != "onnxruntime"):
-        return export_region(region_gm, optimize=options.optimize_onnx), None, {}
+        return export_region(region_gm, optimize=options.optimize_onnx), None, {}, None
     cache = EngineCache.for_options(options)
     inputs = input_specs(region_gm)
     key = cache.key(region_gm, make_profile(inputs, overrides, options), options) if cache else None
     hit = cache.load(key, inputs) if cache and key else None
     if hit is not None:
-        return hit.region, hit.engine, hit.profile
+        assert cache is not None and key is not None
+        return hit.region, hit.engine, hit.profile, Validation(cache, key)
     fx_names = [n.name for n in region_gm.graph.nodes if n.op == "call_function"]
     onnx_region = export_region(region_gm, optimize=options.optimize_onnx)  # edits region_gm
     check_region(onnx_region.model, fx_names, _targets.policy_targets(options))  # may raise RegionRefused
     profile = make_profile(onnx_region.inputs, overrides, options)
     engine = _build_for(onnx_region.model, options, profile)
     _stats.count("engine_builds")
-    if cache and key and onnx_region.inputs == inputs:
-        cache.store(key, CacheEntry(onnx_region, engine, profile))
-    return onnx_region, engine, profile
+    if cache and key and onnx_region.inputs == inputs and cache.store(key, CacheEntry(onnx_region, engine, profile)):
+        return onnx_region, engine, profile, Validation(cache, key)
+    return onnx_region, engine, profile, None
 
 
 def _build_for(onnx_model: bytes, options: Options, profile: Profile) -> bytes:

@@ -43,6 +43,7 @@ log = logging.getLogger("rtx_backend")
 FORMAT = 1
 MAGIC = b"TRTRTX-ENGINE-CACHE\n"
 SUFFIX = ".engine"
+VALIDATED_SUFFIX = ".validated"  # beside an entry: the GPUs and drivers its engine was validated on
 _DEVICE = re.compile(r"device\(type='\w+'(, index=\d+)?\)")
 
 
@@ -61,6 +62,21 @@ class Key:
 
     name: str
     fields: dict[str, Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class Validation:
+    """An entry's validation record on this GPU, for the runtime module of its engine: an engine
+    that agreed with PyTorch here before is not checked again in later processes."""
+
+    cache: EngineCache
+    key: Key
+
+    def done(self) -> bool:
+        return self.cache.validated_here(self.key)
+
+    def mark(self) -> None:
+        self.cache.mark_validated(self.key)
 
 
 class CorruptEntry(Exception):
@@ -116,6 +132,20 @@ def key_fields(digest: str, profile: Profile, options: Options) -> dict[str, Any
 
 def make_key(fields: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(fields, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def validation_identity() -> str | None:
+    """This GPU and driver, as validation records name them; None without a usable GPU."""
+    if not torch.cuda.is_available():
+        return None
+    from ._runtime_cache import gpu_identity
+
+    try:
+        driver = torch._C._cuda_getDriverVersion() if hasattr(torch._C, "_cuda_getDriverVersion") else "?"
+        return f"{gpu_identity()} driver {driver}"
+    except Exception as exc:  # a GPU that cannot be queried is not one we can vouch for
+        log.debug("trtrtx: no GPU identity for validation records: %s", exc)
+        return None
 
 
 def current_gpu() -> list[Any]:
@@ -197,6 +227,40 @@ class EngineCache:
             log.warning("trtrtx: engine cache eviction in %s failed (%s)", self.directory, exc)
         return True
 
+    def validation_path(self, key: Key) -> Path:
+        return self.directory / f"{key.name}{VALIDATED_SUFFIX}"
+
+    def validated_here(self, key: Key) -> bool:
+        """Whether this entry's engine has passed first-call validation on this GPU and driver
+        before (then a later process need not check it again)."""
+        here = validation_identity()
+        if here is None:
+            return False
+        try:
+            data = _files.read_bytes(self.validation_path(key))
+            return data is not None and here in json.loads(data)
+        except (OSError, ValueError, TypeError) as exc:
+            log.debug("trtrtx: engine cache validation record of %s unreadable: %s", key.name, exc)
+            return False
+
+    def mark_validated(self, key: Key) -> None:
+        """Record that this entry's engine agreed with PyTorch on this GPU and driver."""
+        here = validation_identity()
+        if here is None or not self.path(key).exists():
+            return
+        path = self.validation_path(key)
+        seen: list[str] = []
+        with contextlib.suppress(OSError, ValueError, TypeError):
+            data = _files.read_bytes(path)
+            loaded = json.loads(data) if data is not None else []
+            seen = [s for s in loaded if isinstance(s, str)] if isinstance(loaded, list) else []
+        if here in seen:
+            return
+        try:  # two processes recording at once may keep one GPU of the two: it is checked again
+            _files.atomic_write(path, [json.dumps([*seen, here]).encode()], lock=self.directory / ".lock")
+        except (OSError, filelock.Timeout) as exc:
+            log.debug("trtrtx: cannot record the validation of %s: %s", key.name, exc)
+
     def evict(self, keep: Path, lock: Path) -> None:
         """Remove the least recently used entries until the directory fits the size limit."""
         with filelock.FileLock(str(lock), timeout=_files.LOCK_TIMEOUT_S):
@@ -215,6 +279,8 @@ class EngineCache:
                 with contextlib.suppress(OSError):
                     path.unlink()
                     total -= size
+                    with contextlib.suppress(OSError):
+                        path.with_suffix(VALIDATED_SUFFIX).unlink()
                     _stats.count("engine_cache_evictions")
                     log.info("trtrtx: engine cache full, evicted %s", path.name)
 

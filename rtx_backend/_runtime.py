@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -34,6 +35,7 @@ class RegionModule(torch.nn.Module):
         *,
         validate: bool = True,
         profile: EngineProfile | None = None,
+        on_validated: Callable[[], None] | None = None,
     ) -> None:
         super().__init__()
         self.name = name
@@ -43,6 +45,8 @@ class RegionModule(torch.nn.Module):
         self.executor = executor
         self.validate = validate  # first-call check of each executor against PyTorch (_validation.py)
         self.validated_executor: object = None
+        # called when `executor` (the engine-cache entry's engine, not a widened one) passes its check
+        self.on_validated = (executor, on_validated) if on_validated is not None else None
         self.validation_lock = threading.Lock()  # concurrent first calls wait for the verdict
         self.checked: object = None  # the executor whose check has finished (validated_executor is
         # set when the check starts)

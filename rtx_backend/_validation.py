@@ -60,6 +60,9 @@ def first_call(module: Any, args: Sequence[Any], outputs: tuple[torch.Tensor, ..
         failed_text = "; ".join(c.summary() for c in failed)
     else:
         log.debug("trtrtx: region %s (%s) agrees with PyTorch on its first call", module.name, executor.kind)
+        record = getattr(module, "on_validated", None)
+        if record is not None and record[0] is executor:
+            record[1]()
         return outputs
     log.error(
         "trtrtx: region %s: %s disagrees with PyTorch on its first call: %s. Returning PyTorch's "

@@ -374,3 +374,80 @@ def test_concurrent_writers_never_leave_an_unreadable_entry(tmp_path):
         if path.exists():
             assert cache.load(_key(name)) is not None
     assert not list(tmp_path.glob(".*.tmp"))
+
+
+# ---- validation records ------------------------------------------------------------------------
+
+
+class _EngineStandIn(_backend.TrtExecutor):
+    """Runs the region in ONNX Runtime but counts as the TensorRT-RTX executor of the cached engine."""
+
+    kind = "tensorrt_rtx"
+
+    def __init__(self, onnx_region: OnnxRegion) -> None:  # no GPU here: no engine to load
+        self.ort = _backend.OrtExecutor(onnx_region)
+
+    def __call__(self, tensors):
+        return self.ort(tensors)
+
+
+@pytest.fixture
+def gpu_named(monkeypatch):
+    """The GPU and driver validation records name, switchable; engines "run" in ONNX Runtime."""
+    here = {"id": "GPU A sm86 driver 1"}
+    monkeypatch.setattr(_engine_cache, "validation_identity", lambda: here["id"])
+    monkeypatch.setattr(_backend, "choose_executor", lambda name, onnx_region, *a: _EngineStandIn(onnx_region))
+    return here
+
+
+def test_a_validated_cached_engine_is_not_checked_again_on_the_same_gpu(gpu_named):
+    model = eval_model(MLP())
+    x = torch.randn(4, 16)
+    compile_and_run(model, x, min_block_size=1, target_compute_capabilities=SM86)
+    assert rtx_backend.stats()["validations"] == 1
+    (record,) = Options().engine_cache_path.glob("*.validated")  # type: ignore[union-attr]
+    assert json.loads(record.read_text()) == ["GPU A sm86 driver 1"]
+    for gpu, checked in (("GPU A sm86 driver 1", False), ("GPU B sm89 driver 1", True),
+                         ("GPU A sm86 driver 2", True), ("GPU B sm89 driver 1", False)):
+        gpu_named["id"] = gpu
+        torch._dynamo.reset()
+        rtx_backend.reset_stats()
+        y = compile_and_run(model, x, min_block_size=1, target_compute_capabilities=SM86)
+        torch.testing.assert_close(y, model(x), atol=1e-5, rtol=1e-5)
+        stats = rtx_backend.stats()
+        assert stats["engine_cache_hits"] == 1
+        assert (stats.get("validations", 0), stats.get("validations_skipped", 0)) == ((1, 0) if checked else (0, 1)), gpu
+    assert json.loads(record.read_text()) == ["GPU A sm86 driver 1", "GPU B sm89 driver 1", "GPU A sm86 driver 2"]
+
+
+def test_a_failed_check_is_not_recorded_and_an_unreadable_record_means_check_again(gpu_named, monkeypatch):
+    from rtx_backend import _validation
+
+    model = eval_model(MLP())
+    x = torch.randn(4, 16)
+    monkeypatch.setattr(_EngineStandIn, "__call__", lambda self, tensors: [t * 0 for t in self.ort(tensors)])
+    y = compile_and_run(model, x, min_block_size=1, target_compute_capabilities=SM86)
+    torch.testing.assert_close(y, model(x))  # the wrong engine was caught
+    assert rtx_backend.stats()["validation_failures"] == 1
+    assert not list(Options().engine_cache_path.glob("*.validated"))  # type: ignore[union-attr]
+    monkeypatch.undo()
+    monkeypatch.setattr(_engine_cache, "validation_identity", lambda: gpu_named["id"])
+    monkeypatch.setattr(_backend, "choose_executor", lambda name, onnx_region, *a: _EngineStandIn(onnx_region))
+    assert _validation.first_call  # (the module the check lives in)
+    (entry,) = Options().engine_cache_path.glob("*.engine")  # type: ignore[union-attr]
+    entry.with_suffix(".validated").write_text("{not json")
+    torch._dynamo.reset()
+    rtx_backend.reset_stats()
+    compile_and_run(model, x, min_block_size=1, target_compute_capabilities=SM86)
+    assert rtx_backend.stats()["validations"] == 1 and "validations_skipped" not in rtx_backend.stats()
+    assert json.loads(entry.with_suffix(".validated").read_text()) == [gpu_named["id"]]
+
+
+def test_eviction_removes_the_validation_record(tmp_path):
+    cache = EngineCache(tmp_path, 1 << 30)
+    old, new = _key("a"), _key("b")
+    assert cache.store(old, _entry())
+    cache.validation_path(old).write_text("[]")
+    cache.size_limit = len(b"".join(_engine_cache.encode(new, _entry()))) + 10
+    assert cache.store(new, _entry())
+    assert not cache.path(old).exists() and not cache.validation_path(old).exists()
