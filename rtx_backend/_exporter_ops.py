@@ -1,9 +1,10 @@
 """Which ATen ops the ONNX exporter translates, remembered across processes.
 
-Building the exporter's registry (onnxscript's torchlib) takes about two seconds, on every start,
-only to learn which ops it translates (the policy asks, and the lowering keeps those ops whole).
-The answer depends only on the torch and onnxscript versions, so it is kept in a small JSON
-file under the cache root; a missing, unreadable or corrupt file means building the registry.
+Importing the exporter's registry (onnxscript's torchlib) takes seconds, on every start, only to
+learn which ops it translates (the policy asks, and the lowering keeps those ops whole). The
+answer depends only on the torch and onnxscript versions, so it is kept in a small JSON file under
+the cache root; a missing, unreadable or corrupt file means asking the registry's index
+(_registry.py), which names the ops without inferring their signatures.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import functools
 import importlib.metadata
 import json
 import logging
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -41,8 +43,11 @@ def translated() -> frozenset[str]:
         log.debug("trtrtx: no usable exporter op list at %s (%s)", path, exc)
     from torch.onnx._internal.exporter import _decomp
 
+    from . import _registry
+
     found = frozenset(
-        str(op) for op in _decomp.get_onnx_implemented_overloads(registry()) if isinstance(op, torch._ops.OpOverload)
+        str(op) for op in _decomp.get_onnx_implemented_overloads(_registry.lazy_registry())
+        if isinstance(op, torch._ops.OpOverload)
     )
     try:
         atomic_write(path, [json.dumps(sorted(found)).encode()])
@@ -66,17 +71,21 @@ def overloads() -> set[torch._ops.OpOverload]:
     return ops
 
 
-@functools.cache
-def registry() -> Any:
-    """The exporter's own registry (slow to build: only when the op list is not on disk)."""
-    from torch.onnx._internal.exporter import _registration
+_registry_lock = threading.Lock()
 
-    # Without torchvision, building the registry logs four "torchvision is not installed.
-    # Skipping torchvision::nms"-style WARNINGs: not a problem of the user's compile, so hushed.
-    quiet = logging.getLogger(_registration.__name__)
-    level = quiet.level
-    quiet.setLevel(logging.ERROR)
-    try:
-        return _registration.ONNXRegistry.from_torchlib()
-    finally:
-        quiet.setLevel(level)
+
+def registry() -> Any:
+    """The exporter's full registry, as torch.onnx.export builds it: slow (about a second), so built
+    once per process, and only when an export fails with the lazy one (_registry.py)."""
+    with _registry_lock:
+        if not _full:
+            from torch.onnx._internal.exporter import _registration
+
+            from . import _registry
+
+            with _registry.quiet_registration():
+                _full.append(_registration.ONNXRegistry.from_torchlib(_registry.opset_version()))
+        return _full[0]
+
+
+_full: list[Any] = []

@@ -300,16 +300,7 @@ def export_region(gm: torch.fx.GraphModule, *, optimize: bool = True) -> OnnxReg
                     exported = _export_non_strict(wrapper, args, _dynamic_shapes(inputs))
             except Exception as exc:
                 raise BuildError(f"torch.export failed: {_first_line(exc)}") from exc
-            return torch.onnx.export(
-                exported,
-                args,
-                dynamo=True,
-                input_names=[s.name for s in inputs],
-                output_names=[s.name for s in outputs],
-                optimize=optimize,
-                verbose=False,
-                report=False,
-            )
+            return _to_onnx(exported, args, [s.name for s in inputs], [s.name for s in outputs], optimize)
 
     try:
         # A thread of its own: the exporter starts from clean thread-local state (no Dynamo eval-frame
@@ -324,6 +315,38 @@ def export_region(gm: torch.fx.GraphModule, *, optimize: bool = True) -> OnnxReg
     if program is None:
         raise BuildError("ONNX export returned nothing")
     return OnnxRegion(program.model_proto.SerializeToString(), tensor_args, inputs, outputs)
+
+
+def _to_onnx(
+    exported: Any, args: tuple[torch.Tensor, ...], input_names: list[str], output_names: list[str], optimize: bool
+) -> Any:
+    """torch.onnx.export of the exported program, through _registry (which skips the registry
+    rebuild of every public call) where this torch's private exporter API allows."""
+    try:
+        from . import _registry
+    except (ImportError, AttributeError) as exc:  # the exporter's private modules moved
+        if not _said_no_registry:
+            _said_no_registry.append(True)
+            log.debug("trtrtx: the exporter's private modules are not importable (%s); using torch.onnx.export", exc)
+    else:
+        program = _registry.translate(
+            exported, args, input_names=input_names, output_names=output_names, optimize=optimize
+        )
+        if program is not None:
+            return program
+    return torch.onnx.export(
+        exported,
+        args,
+        dynamo=True,
+        input_names=input_names,
+        output_names=output_names,
+        optimize=optimize,
+        verbose=False,
+        report=False,
+    )
+
+
+_said_no_registry: list[bool] = []
 
 
 def _export_non_strict(module: torch.nn.Module, args: tuple[torch.Tensor, ...], dynamic_shapes: Any) -> Any:
