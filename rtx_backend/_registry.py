@@ -27,7 +27,7 @@ from torch.onnx import _constants as _onnx_constants
 from torch.onnx._internal.exporter import _constants, _core, _registration
 from torch.onnx._internal.exporter._torchlib import _torchlib_registry
 
-from . import _exporter_ops
+from . import _exporter_ops, _stats
 
 log = logging.getLogger("rtx_backend")
 
@@ -195,6 +195,7 @@ def translate(
         except Exception as exc:
             log.debug("trtrtx: ONNX export with the lazy registry failed (%s: %s); retrying with the "
                       "full registry", type(exc).__name__, str(exc).strip().split("\n", 1)[0])
+    _stats.count("exports_with_full_registry")  # the bench and GPU runs show whether the lazy path held
     try:
         full = _exporter_ops.registry()
     except (AttributeError, TypeError) as exc:

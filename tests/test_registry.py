@@ -150,8 +150,10 @@ def test_a_failed_lazy_export_is_retried_with_the_full_registry(monkeypatch):
     monkeypatch.setattr(_registry, "lazy_registry", empty)
     monkeypatch.setattr(_exporter_ops, "registry", full)
     gm = _region(_seeded(NormMLP), torch.randn(4, 16))
+    rtx_backend.reset_stats()
     region = export_region(gm)
     assert empty.calls == 1 and full.calls == 1
+    assert rtx_backend.stats()["exports_with_full_registry"] == 1
     _check_against_graph(gm, region)
     assert {n.op_type for n in onnx.load_from_string(region.model).graph.node} >= {"Gemm", "LayerNormalization"}
 
