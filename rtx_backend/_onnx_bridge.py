@@ -206,7 +206,11 @@ def _dynamic_shapes(specs: Sequence[TensorSpec]) -> tuple[tuple[dict[int, Any], 
         for axis, size in enumerate(spec.shape):
             if isinstance(size, str):
                 if size.isidentifier():
-                    per_input[axis] = dims.setdefault(size, torch.export.Dim(size))
+                    # Dynamo's range for the symbol (usually from 2: it specializes 0 and 1), so
+                    # that a guard the region's ops add within it (size != 1) is no violation
+                    lo, hi = spec.bounds[axis] if axis < len(spec.bounds) else (0, None)
+                    bounds = {"min": lo} if hi is None else {"min": lo, "max": hi}
+                    per_input[axis] = dims.setdefault(size, torch.export.Dim(size, **bounds))
                 else:
                     per_input[axis] = torch.export.Dim.DYNAMIC
         out.append(per_input)

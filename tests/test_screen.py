@@ -253,3 +253,27 @@ def test_dynamic_cuda_attention_is_traced_without_kernel_shape_checks(_name, cud
         inside = (torch.backends.cuda.flash_sdp_enabled(), torch.backends.cuda.math_sdp_enabled())
     assert inside == ((False, True) if math_only else (before, torch.backends.cuda.math_sdp_enabled()))
     assert torch.backends.cuda.flash_sdp_enabled() == before
+
+
+class _GuardsNotOne(nn.Module):
+    """Like ops that branch on a size being 1 (on CUDA, the encoder's attention): a guard s0 != 1."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * 2 if x.shape[1] != 1 else x
+
+
+def test_dynamic_dims_export_within_dynamos_range():
+    """A dynamic dimension is exported with Dynamo's range for its symbol (from 2: Dynamo
+    specializes 0 and 1), so a guard `size != 1` added by an op is no constraint violation (torch
+    2.11 on CUDA raised "Constraints violated" for such a guard in the encoder with a 0..inf range)."""
+    from rtx_backend._onnx_bridge import TensorSpec, _dynamic_shapes, _export_non_strict
+
+    spec = TensorSpec("input_0", (2, "s0"), torch.float32, (2, 5), ((2, 2), (2, None)))
+    shapes = _dynamic_shapes([spec])
+    assert shapes is not None
+    dim = shapes[0][0][1]
+    assert (dim.min, dim.max) == (2, torch.export.Dim("any").max)
+    exported = _export_non_strict(_GuardsNotOne(), (torch.randn(2, 5),), shapes[0])  # (shapes: for *tensors)
+    torch.testing.assert_close(exported.module()(torch.ones(2, 7)), torch.full((2, 7), 2.0))
+    bounded = _dynamic_shapes([TensorSpec("input_0", (2, "s0"), torch.float32, (2, 5), ((2, 2), (3, 64)))])
+    assert bounded is not None and (bounded[0][0][1].min, bounded[0][0][1].max) == (3, 64)

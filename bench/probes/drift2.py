@@ -1,0 +1,67 @@
+"""GPU probe, second step: which change makes ResNet-50 FP32 batch-1 results repeat? Scratch memory
+sizes and allocation strategies of the executor, patched in; then the full text of the dynamic
+encoder's torch.export error."""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+
+from rtx_backend import _executors, _onnx_bridge, _trt
+
+sys.path.insert(0, __file__.rsplit("/", 1)[0])
+from drift import calls
+
+
+def main() -> None:
+    import torchvision
+
+    torch.manual_seed(0)
+    model = torchvision.models.resnet50().eval().cuda().requires_grad_(False)
+    x = torch.randn(1, 3, 224, 224, device="cuda")
+    with torch.inference_mode():
+        ref = model(x).float()
+    base = {"engine_cache_dir": "", "runtime_cache_path": "", "validate": False}
+    init = _executors.TrtExecutor.__init__
+
+    for factor in (1, 4):
+        def patched(self, *a, factor=factor, **k):
+            init(self, *a, **k)
+            print("device_memory_size_v2", self._memory_size, "x", factor, flush=True)
+            self._memory_size *= factor
+        _executors.TrtExecutor.__init__ = patched
+        calls(model, x, ref, **base)
+    _executors.TrtExecutor.__init__ = init
+
+    make = _executors.TrtExecutor._make_binding
+
+    def static(self, native, spec):
+        trt = _trt.trt()
+        b = make(self, native, spec)
+        config = self.engine.create_runtime_config()
+        config.dynamic_shapes_kernel_specialization_strategy = getattr(
+            trt.DynamicShapesKernelSpecializationStrategy, spec.upper())
+        b.context = self.engine.create_execution_context(config)  # default allocation: STATIC
+        return b
+
+    _executors.TrtExecutor._make_binding = static
+    _executors.TrtExecutor._bind_memory = lambda self, b, capturing: None
+    calls(model, x, ref, **base)
+    _executors.TrtExecutor._make_binding = make
+
+    _onnx_bridge._first_line = lambda exc: f"{type(exc).__name__}: {exc}"
+    layer = torch.nn.TransformerEncoderLayer(64, 4, 128, dropout=0.0, batch_first=True)
+    enc = torch.nn.TransformerEncoder(layer, 2, enable_nested_tensor=False).eval().cuda().half()
+    torch._dynamo.reset()
+    fn = torch.compile(enc, backend="trtrtx", dynamic=True, options={**base, "min_block_size": 1, "strict": True})
+    try:
+        with torch.inference_mode():
+            fn(torch.randn(4, 16, 64, device="cuda", dtype=torch.float16))
+        print("encoder: compiled")
+    except Exception as exc:
+        print("encoder export failure:\n", str(exc)[:4500])
+
+
+if __name__ == "__main__":
+    main()
