@@ -382,6 +382,21 @@ def environment() -> dict[str, Any]:
     return env
 
 
+PEERS = ("inductor", "inductor-ro", "torch_tensorrt")
+
+
+def wrong(config: dict[str, Any], backend: str) -> bool:
+    """Whether a backend's result is far off FP32 eager: an error above 0.1 and ten times the
+    largest error of the peers on the same model (eager's where no peer ran). A fast wrong answer
+    is not a result: such timings are marked and left out of the ratios."""
+    rows = config["backends"]
+    err = rows.get(backend, {}).get("max_err_vs_fp32")
+    others = [rows[p]["max_err_vs_fp32"] for p in PEERS if "max_err_vs_fp32" in rows.get(p, {})]
+    if not others and "max_err_vs_fp32" in rows.get("eager", {}):
+        others = [rows["eager"]["max_err_vs_fp32"]]
+    return err is not None and err > max(0.1, 10 * max(others, default=0.0))
+
+
 def table(results: dict[str, Any]) -> str:
     names = sorted({b for c in results["configs"] for b in c["backends"]}, key=list(results["backends"]).index)
     lines = ["| model | shape | dtype | " + " | ".join(f"{b} ms (p90)" for b in names) + " |",
@@ -390,8 +405,8 @@ def table(results: dict[str, Any]) -> str:
         cells = []
         for b in names:
             row = c["backends"].get(b, {})
-            cells.append(f"{row['median_ms']:.3f} ({row['p90_ms']:.3f})" if "median_ms" in row else
-                         ("fail" if "error" in row else "-"))
+            cells.append(f"{row['median_ms']:.3f} ({row['p90_ms']:.3f}){' WRONG' if wrong(c, b) else ''}"
+                         if "median_ms" in row else ("fail" if "error" in row else "-"))
         lines.append(f"| {c['model']} | {tuple(c['shape'])} | {c['dtype']} | " + " | ".join(cells) + " |")
     lines += ["", "Ratios (best trtrtx strategy / peer; below 1 is faster) and trtrtx's time split:", "",
               "| model | shape | dtype | vs torch_tensorrt | vs inductor-ro | vs inductor | engine ms | other ms |",
@@ -399,6 +414,10 @@ def table(results: dict[str, Any]) -> str:
     for c in results["configs"]:
         b = c["backends"]
         ours = [(b[k]["median_ms"], k) for k in ("trtrtx", "trtrtx-cg") if "median_ms" in b.get(k, {})]
+        if ours and all(wrong(c, k) for _, k in ours):
+            lines.append(f"| {c['model']} | {tuple(c['shape'])} | {c['dtype']} | wrong results | | | | |")
+            continue
+        ours = [(ms, k) for ms, k in ours if not wrong(c, k)]
         if not ours:
             continue
         best, key = min(ours)

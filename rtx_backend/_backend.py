@@ -182,7 +182,8 @@ def export_and_build(
     profile = make_profile(onnx_region.inputs, overrides, options)
     engine = _build_for(onnx_region.model, options, profile)
     _stats.count("engine_builds")
-    if cache and key and onnx_region.inputs == inputs and cache.store(key, CacheEntry(onnx_region, engine, profile)):
+    if cache and key and onnx_region.inputs == inputs:
+        cache.store_later(key, CacheEntry(onnx_region, engine, profile))
         return onnx_region, engine, profile, Validation(cache, key)
     return onnx_region, engine, profile, None
 

@@ -17,6 +17,7 @@ never served (the stored key and input specs are compared with the wanted ones).
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import dataclasses
 import functools
@@ -25,7 +26,8 @@ import json
 import logging
 import os
 import re
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -64,6 +66,40 @@ class Key:
     fields: dict[str, Any]
 
 
+# ---- write-behind: cache files are written off the compile's path, in order ---------------------
+
+_writer: concurrent.futures.ThreadPoolExecutor | None = None
+_writer_lock = threading.Lock()
+_pending: set[concurrent.futures.Future[Any]] = set()
+
+
+def write_behind(fn: Callable[..., Any], *args: Any) -> concurrent.futures.Future[Any]:
+    """Run `fn(*args)` on the cache's writer thread (one: writes land in submission order, so a
+    validation record follows its entry). The interpreter waits for pending writes at exit."""
+    global _writer
+    with _writer_lock:
+        if _writer is None:
+            _writer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="trtrtx-cache-write")
+        future = _writer.submit(fn, *args)
+        _pending.add(future)
+    future.add_done_callback(_finished)
+    return future
+
+
+def _finished(future: concurrent.futures.Future[Any]) -> None:
+    with _writer_lock:
+        _pending.discard(future)
+    if not future.cancelled() and future.exception() is not None:  # store() reports its own OSErrors
+        log.warning("trtrtx: writing to the engine cache failed: %s", future.exception())
+
+
+def flush(timeout: float | None = None) -> None:
+    """Wait until the cache files submitted so far are written."""
+    with _writer_lock:
+        pending = list(_pending)
+    concurrent.futures.wait(pending, timeout=timeout)
+
+
 @dataclasses.dataclass(frozen=True)
 class Validation:
     """An entry's validation record on this GPU, for the runtime module of its engine: an engine
@@ -76,7 +112,7 @@ class Validation:
         return self.cache.validated_here(self.key)
 
     def mark(self) -> None:
-        self.cache.mark_validated(self.key)
+        write_behind(self.cache.mark_validated, self.key)  # after its entry's pending write
 
 
 class CorruptEntry(Exception):
@@ -183,6 +219,7 @@ class EngineCache:
 
     def load(self, key: Key, inputs: Sequence[TensorSpec] | None = None) -> Entry | None:
         """The entry for `key`, or None (a miss; unusable files are a warning)."""
+        flush()  # an entry this process is still writing is a hit, not a second build
         path = self.path(key)
         entry = None
         try:
@@ -202,6 +239,11 @@ class EngineCache:
             os.utime(path)  # least recently used = oldest mtime
         log.info("trtrtx: engine cache hit %s", path.name)
         return entry
+
+    def store_later(self, key: Key, entry: Entry) -> concurrent.futures.Future[Any]:
+        """`store` on the writer thread: the first result need not wait for a large engine's
+        (and its ONNX model's) bytes to reach the disk."""
+        return write_behind(self.store, key, entry)
 
     def store(self, key: Key, entry: Entry) -> bool:
         """Write an entry (atomically, under the directory's lock) and evict beyond the limit."""

@@ -450,3 +450,32 @@ def test_eviction_removes_the_validation_record(tmp_path):
     cache.size_limit = len(b"".join(_engine_cache.encode(new, _entry()))) + 10
     assert cache.store(new, _entry())
     assert not cache.path(old).exists() and not cache.validation_path(old).exists()
+
+
+def test_entries_are_written_behind_the_compile_and_still_hit_in_the_same_process(monkeypatch):
+    """The first result does not wait for the entry's bytes to reach the disk; a compile of the
+    same region meanwhile waits for that write and loads it rather than building again."""
+    import threading
+
+    release = threading.Event()
+    store = EngineCache.store
+
+    def slow_store(self, key, entry):
+        assert release.wait(60), "the write was never released"
+        return store(self, key, entry)
+
+    monkeypatch.setattr(EngineCache, "store", slow_store)
+    model = eval_model(MLP())
+    x = torch.randn(4, 16)
+    compiled = torch.compile(model, backend="trtrtx", options={"min_block_size": 1, "target_compute_capabilities": SM86})
+    with torch.no_grad():
+        compiled(x)  # returns while the entry waits to be written
+    directory = Options().engine_cache_path
+    assert directory is not None and not list(directory.glob("*.engine"))
+    assert rtx_backend.stats()["engine_builds"] == 1
+    threading.Timer(0.5, release.set).start()
+    torch._dynamo.reset()
+    y = compile_and_run(model, x, min_block_size=1, target_compute_capabilities=SM86)
+    torch.testing.assert_close(y, model(x), atol=1e-5, rtol=1e-5)
+    assert rtx_backend.stats()["engine_builds"] == 1 and rtx_backend.stats()["engine_cache_hits"] == 1
+    assert len(list(directory.glob("*.engine"))) == 1
