@@ -11,17 +11,11 @@ import torch
 from rtx_backend import _executors, _onnx_bridge, _trt
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from drift import calls
+from drift import calls, encoder, resnet50_fp32
 
 
 def main() -> None:
-    import torchvision
-
-    torch.manual_seed(0)
-    model = torchvision.models.resnet50().eval().cuda().requires_grad_(False)
-    x = torch.randn(1, 3, 224, 224, device="cuda")
-    with torch.inference_mode():
-        ref = model(x).float()
+    model, x, ref = resnet50_fp32()
     base = {"engine_cache_dir": "", "runtime_cache_path": "", "validate": False}
     init = _executors.TrtExecutor.__init__
 
@@ -51,17 +45,7 @@ def main() -> None:
     _executors.TrtExecutor._make_binding = make
 
     _onnx_bridge._first_line = lambda exc: f"{type(exc).__name__}: {exc}"
-    layer = torch.nn.TransformerEncoderLayer(64, 4, 128, dropout=0.0, batch_first=True)
-    enc = torch.nn.TransformerEncoder(layer, 2, enable_nested_tensor=False).eval().cuda().half()
-    torch._dynamo.reset()
-    fn = torch.compile(enc, backend="trtrtx", dynamic=True, options={**base, "min_block_size": 1, "strict": True})
-    try:
-        with torch.inference_mode():
-            fn(torch.randn(4, 16, 64, device="cuda", dtype=torch.float16))
-        print("encoder: compiled")
-    except Exception as exc:
-        print("encoder export failure:\n", str(exc)[:4500])
-
+    encoder(base)
 
 if __name__ == "__main__":
     main()
