@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import sys
 
-import torch
-
 from rtx_backend import _executors, _onnx_bridge, _trt
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
