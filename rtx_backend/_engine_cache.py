@@ -70,33 +70,34 @@ class Key:
 
 _writer: concurrent.futures.ThreadPoolExecutor | None = None
 _writer_lock = threading.Lock()
-_pending: set[concurrent.futures.Future[Any]] = set()
+_pending: dict[concurrent.futures.Future[Any], str] = {}  # pending write -> the key it writes
 
 
-def write_behind(fn: Callable[..., Any], *args: Any) -> concurrent.futures.Future[Any]:
-    """Run `fn(*args)` on the cache's writer thread (one: writes land in submission order, so a
-    validation record follows its entry). The interpreter waits for pending writes at exit."""
+def write_behind(key: Key, fn: Callable[..., Any], *args: Any) -> concurrent.futures.Future[Any]:
+    """Run `fn(*args)`, which writes `key`'s files, on the cache's writer thread (one: writes land
+    in submission order, so a validation record follows its entry). The interpreter waits for
+    pending writes at exit."""
     global _writer
     with _writer_lock:
         if _writer is None:
             _writer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="trtrtx-cache-write")
         future = _writer.submit(fn, *args)
-        _pending.add(future)
+        _pending[future] = key.name
     future.add_done_callback(_finished)
     return future
 
 
 def _finished(future: concurrent.futures.Future[Any]) -> None:
     with _writer_lock:
-        _pending.discard(future)
+        _pending.pop(future, None)
     if not future.cancelled() and future.exception() is not None:  # store() reports its own OSErrors
         log.warning("trtrtx: writing to the engine cache failed: %s", future.exception())
 
 
-def flush(timeout: float | None = None) -> None:
-    """Wait until the cache files submitted so far are written."""
+def flush(key: Key | None = None, timeout: float | None = None) -> None:
+    """Wait until the cache files submitted so far (of `key`, or all) are written."""
     with _writer_lock:
-        pending = list(_pending)
+        pending = [f for f, name in _pending.items() if key is None or name == key.name]
     concurrent.futures.wait(pending, timeout=timeout)
 
 
@@ -112,7 +113,7 @@ class Validation:
         return self.cache.validated_here(self.key)
 
     def mark(self) -> None:
-        write_behind(self.cache.mark_validated, self.key)  # after its entry's pending write
+        write_behind(self.key, self.cache.mark_validated, self.key)  # after its entry's pending write
 
 
 class CorruptEntry(Exception):
@@ -219,7 +220,7 @@ class EngineCache:
 
     def load(self, key: Key, inputs: Sequence[TensorSpec] | None = None) -> Entry | None:
         """The entry for `key`, or None (a miss; unusable files are a warning)."""
-        flush()  # an entry this process is still writing is a hit, not a second build
+        flush(key)  # an entry this process is still writing is a hit, not a second build
         path = self.path(key)
         entry = None
         try:
@@ -243,7 +244,7 @@ class EngineCache:
     def store_later(self, key: Key, entry: Entry) -> concurrent.futures.Future[Any]:
         """`store` on the writer thread: the first result need not wait for a large engine's
         (and its ONNX model's) bytes to reach the disk."""
-        return write_behind(self.store, key, entry)
+        return write_behind(key, self.store, key, entry)
 
     def store(self, key: Key, entry: Entry) -> bool:
         """Write an entry (atomically, under the directory's lock) and evict beyond the limit."""

@@ -479,3 +479,21 @@ def test_entries_are_written_behind_the_compile_and_still_hit_in_the_same_proces
     torch.testing.assert_close(y, model(x), atol=1e-5, rtol=1e-5)
     assert rtx_backend.stats()["engine_builds"] == 1 and rtx_backend.stats()["engine_cache_hits"] == 1
     assert len(list(directory.glob("*.engine"))) == 1
+
+
+def test_a_load_waits_only_for_its_own_keys_pending_write(tmp_path):
+    """A multi-region graph: the next region's lookup does not wait for an earlier region's write."""
+    import threading
+    import time
+
+    release = threading.Event()
+    cache = EngineCache(tmp_path, 1 << 30)
+    slow, other = _key("a"), _key("b")
+    _engine_cache.write_behind(slow, lambda: release.wait(60))
+    try:
+        start = time.perf_counter()
+        assert cache.load(other) is None
+        assert time.perf_counter() - start < 5
+    finally:
+        release.set()
+    _engine_cache.flush(slow, timeout=60)
