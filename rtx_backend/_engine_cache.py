@@ -273,34 +273,34 @@ class EngineCache:
     def validation_path(self, key: Key) -> Path:
         return self.directory / f"{key.name}{VALIDATED_SUFFIX}"
 
+    def validated_on(self, key: Key) -> list[str]:
+        """The GPUs and drivers this entry's engine passed first-call validation on; none when
+        the record is missing or unreadable (then the engine is checked again)."""
+        try:
+            data = _files.read_bytes(self.validation_path(key))
+            loaded = json.loads(data) if data is not None else []
+        except (OSError, ValueError, TypeError) as exc:
+            log.debug("trtrtx: engine cache validation record of %s unreadable: %s", key.name, exc)
+            return []
+        return [s for s in loaded if isinstance(s, str)] if isinstance(loaded, list) else []
+
     def validated_here(self, key: Key) -> bool:
         """Whether this entry's engine has passed first-call validation on this GPU and driver
         before (then a later process need not check it again)."""
         here = validation_identity()
-        if here is None:
-            return False
-        try:
-            data = _files.read_bytes(self.validation_path(key))
-            return data is not None and here in json.loads(data)
-        except (OSError, ValueError, TypeError) as exc:
-            log.debug("trtrtx: engine cache validation record of %s unreadable: %s", key.name, exc)
-            return False
+        return here is not None and here in self.validated_on(key)
 
     def mark_validated(self, key: Key) -> None:
         """Record that this entry's engine agreed with PyTorch on this GPU and driver."""
         here = validation_identity()
         if here is None or not self.path(key).exists():
             return
-        path = self.validation_path(key)
-        seen: list[str] = []
-        with contextlib.suppress(OSError, ValueError, TypeError):
-            data = _files.read_bytes(path)
-            loaded = json.loads(data) if data is not None else []
-            seen = [s for s in loaded if isinstance(s, str)] if isinstance(loaded, list) else []
+        seen = self.validated_on(key)
         if here in seen:
             return
         try:  # two processes recording at once may keep one GPU of the two: it is checked again
-            _files.atomic_write(path, [json.dumps([*seen, here]).encode()], lock=self.directory / ".lock")
+            _files.atomic_write(self.validation_path(key), [json.dumps([*seen, here]).encode()],
+                                lock=self.directory / ".lock")
         except (OSError, filelock.Timeout) as exc:
             log.debug("trtrtx: cannot record the validation of %s: %s", key.name, exc)
 

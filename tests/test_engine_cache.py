@@ -497,3 +497,16 @@ def test_a_load_waits_only_for_its_own_keys_pending_write(tmp_path):
     finally:
         release.set()
     _engine_cache.flush(slow, timeout=60)
+
+
+@pytest.mark.parametrize("record", ['"GPU A sm86 driver 1 and more"', '{"GPU A sm86 driver 1": 1}', "[1, 2]"])
+def test_a_record_that_is_not_a_list_of_gpus_vouches_for_none(tmp_path, monkeypatch, record):
+    monkeypatch.setattr(_engine_cache, "validation_identity", lambda: "GPU A sm86 driver 1")
+    cache = EngineCache(tmp_path, 1 << 30)
+    key = _key("v")
+    assert cache.store(key, _entry())
+    cache.validation_path(key).write_text(record)
+    assert not cache.validated_here(key)
+    cache.mark_validated(key)
+    assert cache.validated_here(key)
+    assert json.loads(cache.validation_path(key).read_text()) == ["GPU A sm86 driver 1"]
