@@ -18,13 +18,14 @@ import torch
 
 from . import _stats, _targets, _trt
 from ._dump import dump_region
-from ._engine import Profile, build
+from ._engine import Network, Profile, build, parse_network
 from ._engine_cache import EngineCache, Validation
 from ._engine_cache import Entry as CacheEntry
 from ._errors import BuildError, RegionRefused, RtxBackendError, RuntimeUnavailableError
 from ._executors import OrtExecutor, TorchExecutor, TrtExecutor
 from ._lowering import lower, needs_autograd
 from ._onnx_bridge import OnnxRegion, export_region, input_specs
+from ._onnx_model import OnnxModel
 from ._options import Options
 from ._partition import PartitionPlan, partition
 from ._policy import CapabilitySupport, Reason
@@ -149,7 +150,7 @@ def compile_region(
         log.warning("trtrtx: region %s runs in PyTorch: %s", name, error)
         log.debug("trtrtx: region %s failed", name, exc_info=exc)
         return RegionModule(name, reference, onnx_region, engine, TorchExecutor(reference))
-    widener = EngineProfile(profile, functools.partial(_build_for, onnx_region.model, options)) if profile else None
+    widener = EngineProfile(profile, functools.partial(_build_for, onnx_region.source, options)) if profile else None
     validate, on_validated = options.validate, None
     if record is not None and isinstance(executor, TrtExecutor):
         on_validated = record.mark
@@ -178,9 +179,10 @@ def export_and_build(
         return hit.region, hit.engine, hit.profile, Validation(cache, key)
     fx_names = [n.name for n in region_gm.graph.nodes if n.op == "call_function"]
     onnx_region = export_region(region_gm, optimize=options.optimize_onnx)  # edits region_gm
-    check_region(onnx_region.model, fx_names, _targets.policy_targets(options))  # may raise RegionRefused
+    network = parse_network(onnx_region.source)  # parsed once: for the screen's verdict and the build
+    check_region(onnx_region.source, fx_names, _targets.policy_targets(options), network=network)  # may raise RegionRefused
     profile = make_profile(onnx_region.inputs, overrides, options)
-    engine = _build_for(onnx_region.model, options, profile)
+    engine = _build_for(network, options, profile)
     _stats.count("engine_builds")
     if cache and key and onnx_region.inputs == inputs:
         cache.store_later(key, CacheEntry(onnx_region, engine, profile))
@@ -188,10 +190,10 @@ def export_and_build(
     return onnx_region, engine, profile, None
 
 
-def _build_for(onnx_model: bytes, options: Options, profile: Profile) -> bytes:
+def _build_for(model: bytes | OnnxModel | Network, options: Options, profile: Profile) -> bytes:
     """An engine for the region's model and a profile (also when a call fell outside the first one)."""
     with build_progress(options) as monitor:
-        return build(onnx_model, options.target_compute_capabilities, profile, monitor=monitor).data
+        return build(model, options.target_compute_capabilities, profile, monitor=monitor).data
 
 
 def _device(region_gm: torch.fx.GraphModule) -> torch.device:

@@ -1,4 +1,4 @@
-"""Engine: ONNX bytes -> TensorRT-RTX network (OnnxParser) -> serialized engine.
+"""Engine: ONNX model -> TensorRT-RTX network (OnnxParser) -> serialized engine.
 
 Networks are strongly typed (TensorRT-RTX's only mode): precision comes from the ONNX dtypes.
 The builder config names every declared compute capability by index; with none declared it
@@ -14,6 +14,7 @@ from typing import Any
 
 from . import _trt
 from ._errors import BuildError, TargetError
+from ._onnx_model import OnnxModel, host_bytes
 from ._options import Target
 
 log = logging.getLogger("rtx_backend")
@@ -29,16 +30,66 @@ class BuiltEngine:
     seconds: float
 
 
-def parse(onnx_model: bytes) -> tuple[Any, Any, Any]:
-    """(builder, network, parser) for the model; raises BuildError with the parser's errors."""
+@dataclasses.dataclass
+class Network:
+    """A parsed TensorRT-RTX network, with what must outlive it: the host copies of the weights
+    that its constant layers point into, and the parser. `errors` is empty when parsing worked."""
+
+    builder: Any
+    network: Any
+    parser: Any
+    weights: list[Any]
+    errors: list[str]
+
+
+def parse_network(model: bytes | OnnxModel) -> Network:
+    """Parse the model; an in-memory model gives the parser its weights by pointer (see
+    _onnx_model), a serialized one goes through `parse`. Never raises for the model's content:
+    the parser's complaints are in `errors`."""
+    if isinstance(model, OnnxModel) and model.skeleton is not None:
+        parsed = _parse_weightless(model)
+        if parsed is not None:
+            return parsed
+    data = model if isinstance(model, bytes) else model.serialize()
+    builder, network, parser = _parser()
+    ok = parser.parse(data)
+    return Network(builder, network, parser, [], [] if ok else _errors(parser))
+
+
+def parse(model: bytes | OnnxModel) -> Network:
+    """The parsed network; raises BuildError with the parser's errors."""
+    parsed = parse_network(model)
+    if parsed.errors:
+        raise BuildError("TensorRT-RTX's ONNX parser rejected the region: " + "; ".join(parsed.errors))
+    return parsed
+
+
+def _parser() -> tuple[Any, Any, Any]:
     trt = _trt.trt()
     builder = trt.Builder(_trt.logger())
     network = builder.create_network(0)
-    parser = trt.OnnxParser(network, _trt.logger())
-    if not parser.parse(onnx_model):
-        errors = [str(parser.get_error(i)) for i in range(parser.num_errors)]
-        raise BuildError("TensorRT-RTX's ONNX parser rejected the region: " + "; ".join(errors))
-    return builder, network, parser
+    return builder, network, trt.OnnxParser(network, _trt.logger())
+
+
+def _parse_weightless(model: OnnxModel) -> Network | None:
+    """The skeleton plus each weight by pointer; None where the parser will not load them (the
+    caller then parses the serialized model)."""
+    builder, network, parser = _parser()
+    weights: list[Any] = []
+    if not hasattr(parser, "load_model_proto") or not parser.load_model_proto(model.skeleton):
+        return None
+    for name, tensor in model.weights.items():
+        address, size, owner = host_bytes(tensor)
+        weights.append(owner)
+        if not parser.load_initializer(name, address, size):
+            log.debug("trtrtx: the parser would not load initializer %s by pointer: %s", name, _errors(parser))
+            return None
+    ok = parser.parse_model_proto()
+    return Network(builder, network, parser, weights, [] if ok else _errors(parser))
+
+
+def _errors(parser: Any) -> list[str]:
+    return [str(parser.get_error(i)) for i in range(parser.num_errors)]
 
 
 def configure_targets(config: Any, targets: tuple[Target, ...] | None) -> None:
@@ -60,7 +111,7 @@ def configure_targets(config: Any, targets: tuple[Target, ...] | None) -> None:
 
 
 def build(
-    onnx_model: bytes,
+    model: bytes | OnnxModel | Network,
     targets: tuple[Target, ...] | None,
     profile: Profile,
     *,
@@ -70,7 +121,10 @@ def build(
     errors = _trt.logger().errors
     errors.clear()
     start = time.perf_counter()
-    builder, network, _parser = parse(onnx_model)
+    parsed = model if isinstance(model, Network) else parse(model)
+    if parsed.errors:
+        raise BuildError("TensorRT-RTX's ONNX parser rejected the region: " + "; ".join(parsed.errors))
+    builder, network = parsed.builder, parsed.network
     config = builder.create_builder_config()
     configure_targets(config, targets)
     if profile:

@@ -332,7 +332,9 @@ class EngineCache:
 
 
 def encode(key: Key, entry: Entry) -> list[bytes]:
-    onnx, engine = entry.region.model, entry.engine
+    source = entry.region.source
+    onnx = source if isinstance(source, bytes) else source.serialize(keep=False)  # the region keeps less
+    engine = entry.engine
     header = {
         "format": FORMAT,
         "key": key.name,
@@ -387,7 +389,7 @@ def _region_to_json(region: OnnxRegion) -> dict[str, Any]:
     return {
         f.name: _to_json(getattr(region, f.name))
         for f in dataclasses.fields(region)
-        if f.name != "model"
+        if f.name != "source"
     }
 
 
@@ -395,7 +397,7 @@ def _region_from_json(data: dict[str, Any], model: bytes) -> OnnxRegion:
     values = {name: _from_json(value) for name, value in data.items()}
     for name in ("inputs", "outputs"):
         values[name] = tuple(TensorSpec(**spec) for spec in values[name])
-    return OnnxRegion(model=model, **values)
+    return OnnxRegion(source=model, **values)
 
 
 def _to_json(value: Any) -> Any:

@@ -21,6 +21,7 @@ import torch
 
 from ._errors import BuildError
 from ._lowering import views_to_reshapes
+from ._onnx_model import OnnxModel
 
 log = logging.getLogger("rtx_backend")
 
@@ -42,9 +43,10 @@ class TensorSpec:
 
 @dataclasses.dataclass(frozen=True)
 class OnnxRegion:
-    """A region as ONNX: the model bytes and how region arguments map to model inputs."""
+    """A region as ONNX: the model (bytes, or the exporter's in-memory model) and how region
+    arguments map to model inputs."""
 
-    model: bytes
+    source: bytes | OnnxModel
     tensor_args: tuple[int, ...]  # which region arguments are the model's inputs, in order
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
@@ -52,6 +54,11 @@ class OnnxRegion:
     @property
     def dynamic(self) -> bool:
         return any(s.dynamic for s in self.inputs)
+
+    @property
+    def model(self) -> bytes:
+        """The ONNX model's bytes (serialized on first use for an in-memory model)."""
+        return self.source if isinstance(self.source, bytes) else self.source.serialize()
 
 
 def _spec(name: str, val: torch.Tensor) -> TensorSpec:
@@ -318,7 +325,7 @@ def export_region(gm: torch.fx.GraphModule, *, optimize: bool = True) -> OnnxReg
         raise BuildError(f"ONNX export failed: {_first_line(exc)}") from exc
     if program is None:
         raise BuildError("ONNX export returned nothing")
-    return OnnxRegion(program.model_proto.SerializeToString(), tensor_args, inputs, outputs)
+    return OnnxRegion(OnnxModel(program.model), tensor_args, inputs, outputs)
 
 
 def _to_onnx(

@@ -20,7 +20,9 @@ import onnx
 import torch
 
 from . import _trt
+from ._engine import Network
 from ._errors import RegionRefused
+from ._onnx_model import OnnxModel
 from ._options import Target
 from ._policy import RULES, NodeFacts, Reason, Rule, first_match
 
@@ -51,10 +53,16 @@ _ASSIGNMENT = re.compile(r"^\s*([A-Za-z_]\w*)\s*=")
 
 
 def check_region(
-    model: bytes, fx_names: Collection[str], targets: tuple[Target, ...], *, ask_parser: bool = True
+    model: bytes | OnnxModel,
+    fx_names: Collection[str],
+    targets: tuple[Target, ...],
+    *,
+    ask_parser: bool = True,
+    network: Network | None = None,
 ) -> None:
-    """Raise RegionRefused naming the region's FX nodes that TensorRT-RTX cannot take, if any."""
-    refused = screen_region(model, fx_names, targets, ask_parser=ask_parser)
+    """Raise RegionRefused naming the region's FX nodes that TensorRT-RTX cannot take, if any.
+    `network`: the model already parsed for the build (its parser's verdict is reused)."""
+    refused = screen_region(model, fx_names, targets, ask_parser=ask_parser, network=network)
     if refused:
         log.info("trtrtx: the ONNX screen keeps %d node(s) in PyTorch: %s", len(refused),
                  "; ".join(f"{k}: {v}" for k, v in refused.items()))
@@ -62,19 +70,22 @@ def check_region(
 
 
 def screen_region(
-    model: bytes,
+    model: bytes | OnnxModel,
     fx_names: Collection[str],
     targets: tuple[Target, ...],
     *,
     rules: tuple[Rule, ...] = RULES,
     ask_parser: bool = True,
+    network: Network | None = None,
 ) -> dict[str, Reason]:
     """FX node name -> Reason for each node of the region (named in `fx_names`) that the ONNX
     screen refuses. A refused ONNX node that maps to none of them refuses the whole region."""
-    proto = onnx.load_from_string(model)
+    # the rules read types, shapes and node metadata only: the weightless skeleton has them all
+    skeleton = model.skeleton if isinstance(model, OnnxModel) else model
+    proto = onnx.load_from_string(skeleton if skeleton is not None else _serialized(model))
     refusals = onnx_refusals(proto, targets, rules)
-    if ask_parser and _trt.available():
-        for index, reason in parser_refusals(model, proto).items():
+    if ask_parser and _trt.available() and not (network is not None and not network.errors):
+        for index, reason in parser_refusals(_serialized(model), proto).items():
             refusals.setdefault(index, reason)
     out: dict[str, Reason] = {}
     unmapped: list[Reason] = []
@@ -154,6 +165,10 @@ def parser_refusals(model: bytes, proto: onnx.ModelProto) -> dict[int, Reason]:
             message = f"TensorRT-RTX's ONNX parser rejects {error.node_operator()}: {error.desc()}"
             out.setdefault(error.node(), Reason("parser-unsupported", message))
     return out
+
+
+def _serialized(model: bytes | OnnxModel) -> bytes:
+    return model if isinstance(model, bytes) else model.serialize()
 
 
 def fx_node_name(node: onnx.NodeProto) -> str | None:

@@ -40,13 +40,13 @@ class _NullBuilder:
 
 
 def _builder_returns_none(monkeypatch):
-    original = _engine.parse
+    original = _engine._parser
 
-    def parse(model):
-        builder, network, parser = original(model)
+    def parser():
+        builder, network, parser = original()
         return _NullBuilder(builder), network, parser
 
-    monkeypatch.setattr(_engine, "parse", parse)
+    monkeypatch.setattr(_engine, "_parser", parser)
 
 
 def _ort_refuses(monkeypatch):
@@ -59,7 +59,7 @@ STAGES = [
      "ONNX export failed: injected"),
     ("export_bug", lambda mp: mp.setattr(_backend, "export_region", _raise(KeyError("injected bug"))),
      "KeyError"),
-    ("parse", lambda mp: mp.setattr(_engine, "parse", _raise(BuildError("parser rejected: injected"))),
+    ("parse", lambda mp: mp.setattr(_backend, "parse_network", _raise(BuildError("parser rejected: injected"))),
      "parser rejected: injected"),
     ("build", lambda mp: mp.setattr(_backend, "build", _raise(BuildError("TensorRT-RTX build failed: injected"))),
      "build failed: injected"),
@@ -123,7 +123,7 @@ def test_a_failed_build_is_not_cached_and_the_next_compile_builds(monkeypatch):
     model = eval_model(MLP())
     x = torch.randn(4, 16)
     with monkeypatch.context() as mp:
-        mp.setattr(_engine, "parse", _raise(BuildError("parser rejected: injected")))
+        mp.setattr(_backend, "parse_network", _raise(BuildError("parser rejected: injected")))
         compile_and_run(model, x, **BUILD)
     assert [r.kind for r in regions()] == ["pytorch"]
     torch._dynamo.reset()
