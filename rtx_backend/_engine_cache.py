@@ -461,10 +461,10 @@ def _pipeline_fingerprint() -> str:
     The key is computed before export, so an edited bridge must not be served old engines,
     even when the package version did not change (development, installs from a branch).
     """
-    from . import _engine, _onnx_bridge, _profiles, _screen
+    from . import _engine, _onnx_bridge, _onnx_model, _profiles, _screen
 
     h = hashlib.sha256()
-    for module in (_onnx_bridge, _screen, _profiles, _engine):
+    for module in (_onnx_bridge, _onnx_model, _screen, _profiles, _engine):
         try:
             h.update(Path(str(module.__file__)).read_bytes().replace(b"\r\n", b"\n"))
         except OSError:

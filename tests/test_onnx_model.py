@@ -162,3 +162,30 @@ def test_cache_entry_of_an_in_memory_region_holds_the_whole_model(tmp_path):
     w = numpy_helper.to_array(_proto().graph.initializer[0])
     b = numpy_helper.to_array(_proto().graph.initializer[1])
     np.testing.assert_allclose(session.run(None, {"x": x})[0], np.maximum(x @ w + b, 0), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_gpu_engine_from_weights_by_pointer_matches_eager(monkeypatch, dtype):
+    """CUDA weights reach the parser by pointer (copied to the host once), and the engine built from
+    them gives eager's results."""
+    from .helpers import compile_and_run, regions
+
+    taken: list[bool] = []
+    original = _engine._parse_weightless
+
+    def spy(model):
+        parsed = original(model)
+        taken.append(parsed is not None and not parsed.errors)
+        return parsed
+
+    monkeypatch.setattr(_engine, "_parse_weightless", spy)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 128)).eval().to("cuda", dtype)
+    x = torch.randn(8, 256, device="cuda", dtype=dtype)
+    y = compile_and_run(model, x, min_block_size=1, runtime="tensorrt_rtx", engine_cache_dir="")
+    tol = 1e-2 if dtype == torch.float16 else 2e-3
+    with torch.no_grad():
+        torch.testing.assert_close(y, model(x), atol=tol, rtol=tol)
+    assert taken == [True] and [r.kind for r in regions()] == ["tensorrt_rtx"]
+    assert isinstance(regions()[0].onnx.source, OnnxModel) and regions()[0].onnx.source.weights
