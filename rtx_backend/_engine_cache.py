@@ -10,8 +10,10 @@ a laptop without a GPU is a hit on the RTX GPU it was built for.
 An entry holds the engine, the region's ONNX model and the region's metadata, so a hit skips
 the export as well as the build. It is one file, `<key>.engine`, so that one rename publishes
 all of it: MAGIC, the header length (8 bytes, little endian), a JSON header (the key and its
-fields, the region metadata, sizes and SHA-256 of the payloads), the ONNX bytes, the engine
-bytes. A file that fails any check is a warning, a rebuild and an overwrite; a stale entry is
+fields, the region metadata, sizes and SHA-256 of the payloads), the ONNX model, the engine
+bytes. The ONNX model is its serialized bytes, or (for a freshly exported region) its weightless
+skeleton followed by each large weight's raw bytes, as the header's weight table lists them: no
+ONNX serialization in the writer, and a hit hands the weights to the parser without a copy. A file that fails any check is a warning, a rebuild and an overwrite; a stale entry is
 never served (the stored key and input specs are compared with the wanted ones).
 """
 
@@ -33,16 +35,18 @@ from pathlib import Path
 from typing import Any
 
 import filelock
+import numpy as np
 import torch
 
 from . import _files, _stats, _targets, _trt
 from ._engine import Profile
 from ._onnx_bridge import OnnxRegion, TensorSpec
+from ._onnx_model import OnnxModel
 from ._options import Options
 
 log = logging.getLogger("rtx_backend")
 
-FORMAT = 1
+FORMAT = 2  # 2: in-memory models stored as skeleton and raw weights
 MAGIC = b"TRTRTX-ENGINE-CACHE\n"
 SUFFIX = ".engine"
 VALIDATED_SUFFIX = ".validated"  # beside an entry: the GPUs and drivers its engine was validated on
@@ -331,9 +335,23 @@ class EngineCache:
 # ---- the entry file ----------------------------------------------------------------------------
 
 
-def encode(key: Key, entry: Entry) -> list[bytes]:
+def encode(key: Key, entry: Entry) -> list[Any]:
+    """The entry file's chunks: magic, header length, header, the ONNX model, the engine. An
+    in-memory model is stored as its skeleton and raw weights (see _onnx_model), not serialized."""
     source = entry.region.source
-    onnx = source if isinstance(source, bytes) else source.serialize(keep=False)  # the region keeps less
+    parts = source.parts() if isinstance(source, OnnxModel) else None
+    onnx_meta: dict[str, Any]
+    if parts is None:
+        onnx = source if isinstance(source, bytes) else source.serialize(keep=False)
+        chunks: list[Any] = [onnx]
+        onnx_meta = {}
+    else:
+        skeleton, weights = parts
+        chunks = [skeleton, *(data for _, data in weights)]
+        onnx_meta = {"skeleton": len(skeleton), "weights": [[name, len(data)] for name, data in weights]}
+    digest = hashlib.sha256()
+    for chunk in chunks:
+        digest.update(chunk)  # hashlib lets go of the GIL on large buffers
     engine = entry.engine
     header = {
         "format": FORMAT,
@@ -341,12 +359,12 @@ def encode(key: Key, entry: Entry) -> list[bytes]:
         "fields": key.fields,
         "region": _region_to_json(entry.region),
         "profile": {n: [list(lo), list(opt), list(hi)] for n, (lo, opt, hi) in entry.profile.items()},
-        "onnx": {"size": len(onnx), "sha256": hashlib.sha256(onnx).hexdigest()},
+        "onnx": {"size": sum(len(c) for c in chunks), "sha256": digest.hexdigest(), **onnx_meta},
         "engine": {"size": len(engine), "sha256": hashlib.sha256(engine).hexdigest()},
     }
     header["header_sha256"] = _header_digest(header)  # the region metadata and profile are served too
     head = json.dumps(header, sort_keys=True).encode()
-    return [MAGIC, len(head).to_bytes(8, "little"), head, onnx, engine]
+    return [MAGIC, len(head).to_bytes(8, "little"), head, *chunks, engine]
 
 
 def decode(data: bytes, key: Key) -> Entry:
@@ -367,18 +385,36 @@ def decode(data: bytes, key: Key) -> Entry:
         engine_at = onnx_at + int(header["onnx"]["size"])
         if engine_at + int(header["engine"]["size"]) != len(data):
             raise CorruptEntry("truncated or padded payload")
-        onnx, engine = data[onnx_at:engine_at], data[engine_at:]
-        if hashlib.sha256(onnx).hexdigest() != header["onnx"]["sha256"]:
+        view = memoryview(data)
+        if hashlib.sha256(view[onnx_at:engine_at]).hexdigest() != header["onnx"]["sha256"]:
             raise CorruptEntry("ONNX checksum mismatch")
+        engine = data[engine_at:]
         if hashlib.sha256(engine).hexdigest() != header["engine"]["sha256"]:
             raise CorruptEntry("engine checksum mismatch")
-        region = _region_from_json(header["region"], onnx)
+        source = _onnx_source(data, onnx_at, engine_at, header["onnx"])
+        region = _region_from_json(header["region"], source)
         profile = {n: (tuple(lo), tuple(opt), tuple(hi)) for n, (lo, opt, hi) in header["profile"].items()}
     except CorruptEntry:
         raise
     except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:  # JSONDecodeError is a ValueError
         raise CorruptEntry(f"unreadable header ({type(exc).__name__}: {exc})") from exc
     return Entry(region, engine, profile)
+
+
+def _onnx_source(data: bytes, start: int, end: int, meta: dict[str, Any]) -> bytes | OnnxModel:
+    """The stored ONNX model: its bytes, or its skeleton and weights (views into `data`, no copy)."""
+    if "weights" not in meta:
+        return data[start:end]
+    at = start + int(meta["skeleton"])
+    skeleton, weights = data[start:at], {}
+    for name, size in meta["weights"]:
+        if not isinstance(name, str) or not 0 <= int(size) <= end - at:
+            raise CorruptEntry("the weight table does not match the ONNX section")
+        weights[name] = np.frombuffer(data, dtype=np.uint8, count=int(size), offset=at)
+        at += int(size)
+    if at != end or not start <= start + int(meta["skeleton"]) <= end:
+        raise CorruptEntry("the weight table does not match the ONNX section")
+    return OnnxModel(skeleton=skeleton, weights=weights)
 
 
 def _header_digest(header: dict[str, Any]) -> str:
@@ -393,7 +429,7 @@ def _region_to_json(region: OnnxRegion) -> dict[str, Any]:
     }
 
 
-def _region_from_json(data: dict[str, Any], model: bytes) -> OnnxRegion:
+def _region_from_json(data: dict[str, Any], model: bytes | OnnxModel) -> OnnxRegion:
     values = {name: _from_json(value) for name, value in data.items()}
     for name in ("inputs", "outputs"):
         values[name] = tuple(TensorSpec(**spec) for spec in values[name])

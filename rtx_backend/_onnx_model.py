@@ -6,7 +6,9 @@ compile. TensorRT-RTX's parser can instead take a model whose initializers are d
 external data and be handed each initializer's bytes by pointer (`load_model_proto`,
 `load_initializer`, `parse_model_proto`). `OnnxModel` keeps the exporter's in-memory model,
 makes that weightless "skeleton" once, and serializes the whole model only when something
-needs the bytes (the engine cache's writer thread, ONNX Runtime, a dump).
+needs the bytes (ONNX Runtime, a dump). The engine cache stores the skeleton and the raw weights
+side by side (no serialization: writing them holds the GIL only briefly, so a compile running
+beside the cache writer is not slowed down) and loads them back as an `OnnxModel` of the same form.
 """
 
 from __future__ import annotations
@@ -26,14 +28,21 @@ LOCATION = "trtrtx-in-memory"  # the skeleton's external-data location: no such 
 
 
 class OnnxModel:
-    """The exporter's `onnx_ir.Model` of one region, its skeleton and its large weights."""
+    """One region's ONNX model as a weightless skeleton plus its large weights: made from the
+    exporter's `onnx_ir.Model` (`OnnxModel(model)`), or from stored parts (`OnnxModel(skeleton=...,
+    weights=...)`, weights as raw bytes in numpy uint8 arrays)."""
 
-    def __init__(self, model: Any) -> None:
+    def __init__(self, model: Any = None, *, skeleton: bytes | None = None,
+                 weights: dict[str, Any] | None = None) -> None:
         self._model = model
         self._bytes: bytes | None = None
         self._lock = threading.Lock()
-        self.skeleton: bytes | None = None  # None: TensorRT-RTX gets the serialized model
-        self.weights: dict[str, Any] = {}  # initializer name -> onnx_ir tensor, for the skeleton's
+        self.skeleton = skeleton  # None: TensorRT-RTX gets the serialized model
+        self.weights: dict[str, Any] = dict(weights or {})  # initializer name -> its data
+        if model is None:
+            if skeleton is None:
+                raise ValueError("an OnnxModel needs a model or a skeleton")
+            return
         try:
             self.skeleton, self.weights = split(model)
         except Exception as exc:  # an onnx_ir without ExternalTensor, or an odd initializer
@@ -41,14 +50,25 @@ class OnnxModel:
                       type(exc).__name__, exc)
 
     def serialize(self, *, keep: bool = True) -> bytes:
-        """The whole model as ONNX bytes. `keep=False` does not hold on to them (a cache write)."""
+        """The whole model as ONNX bytes. `keep=False` does not hold on to them."""
         with self._lock:
             if self._bytes is not None:
                 return self._bytes
-            data: bytes = serialize_model(self._model)
+            if self._model is not None:
+                data: bytes = serialize_model(self._model)
+            else:
+                assert self.skeleton is not None
+                data = fill(self.skeleton, self.weights)
             if keep:
                 self._bytes = data
             return data
+
+    def parts(self) -> tuple[bytes, list[tuple[str, np.ndarray]]] | None:
+        """What the engine cache stores: the skeleton and each weight's bytes (host copies made by
+        torch, which lets go of the GIL while it copies); None without a skeleton."""
+        if self.skeleton is None:
+            return None
+        return self.skeleton, [(name, host_buffer(t)) for name, t in self.weights.items()]
 
 
 def serialize_model(model: Any) -> bytes:
@@ -81,25 +101,46 @@ def split(model: Any) -> tuple[bytes, dict[str, Any]]:
     return skeleton, weights
 
 
-def host_bytes(tensor: Any) -> tuple[int, int, Any]:
-    """(address, size, owner) of the tensor's bytes in host memory, C-contiguous, as ONNX lays
-    them out. Keep `owner` alive as long as the pointer is used."""
+def fill(skeleton: bytes, weights: dict[str, Any]) -> bytes:
+    """The whole model: the skeleton with each external initializer's bytes put back inline."""
+    import onnx
+
+    proto = onnx.load_from_string(skeleton)
+    for init in proto.graph.initializer:
+        if init.name in weights and init.data_location == onnx.TensorProto.EXTERNAL:
+            init.raw_data = host_buffer(weights[init.name]).tobytes()
+            del init.external_data[:]
+            init.ClearField("data_location")
+    return proto.SerializeToString()  # type: ignore[no-any-return]
+
+
+def host_buffer(tensor: Any) -> np.ndarray:
+    """The tensor's bytes in host memory as a flat uint8 array, C-contiguous, as ONNX lays them
+    out. `tensor`: an onnx_ir tensor, or such bytes already (a stored weight)."""
+    if isinstance(tensor, np.ndarray) and tensor.dtype == np.uint8 and tensor.ndim == 1:
+        return tensor
     raw = getattr(tensor, "raw", None)
     if isinstance(raw, torch.Tensor):
-        owner: Any = raw.detach().cpu().contiguous()
+        out = _torch_bytes(raw.detach().cpu().contiguous())
     else:
         array = tensor.numpy()
         try:
             with warnings.catch_warnings():  # a read-only array: the copy, or the parser, only reads it
                 warnings.simplefilter("ignore", UserWarning)
-                owner = torch.from_numpy(array).contiguous()  # torch's copy beats numpy's on transposes
+                out = _torch_bytes(torch.from_numpy(array).contiguous())  # torch copies transposes faster
         except (TypeError, ValueError):  # dtypes torch cannot view (ml_dtypes), negative strides
-            owner = np.ascontiguousarray(array)
-    if isinstance(owner, torch.Tensor):
-        address, size = owner.data_ptr(), owner.numel() * owner.element_size()
-    else:
-        address, size = owner.ctypes.data, owner.nbytes
-    if size != tensor.nbytes:  # not the layout ONNX expects: let onnx_ir lay the bytes out
-        owner = np.frombuffer(tensor.tobytes(), dtype=np.uint8)
-        address, size = owner.ctypes.data, owner.nbytes
-    return address, size, owner
+            out = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
+    if out.nbytes != tensor.nbytes:  # not the layout ONNX expects: let onnx_ir lay the bytes out
+        out = np.frombuffer(tensor.tobytes(), dtype=np.uint8)
+    return out
+
+
+def _torch_bytes(t: torch.Tensor) -> np.ndarray:
+    return t.reshape(-1).view(torch.uint8).numpy()  # a view: the array keeps the tensor alive
+
+
+def host_bytes(tensor: Any) -> tuple[int, int, Any]:
+    """(address, size, owner) of the tensor's host bytes (see host_buffer). Keep `owner` alive as
+    long as the pointer is used."""
+    owner = host_buffer(tensor)
+    return owner.ctypes.data, owner.nbytes, owner

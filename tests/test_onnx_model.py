@@ -3,6 +3,8 @@ TensorRT-RTX's parser by pointer, the fallbacks, and the bytes everything else s
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import onnx
 import onnx_ir as ir
@@ -147,21 +149,55 @@ def test_serialize_without_keeping_holds_no_bytes_and_keeps_once_asked():
     assert model.serialize(keep=False) is model._bytes
 
 
-def test_cache_entry_of_an_in_memory_region_holds_the_whole_model(tmp_path):
+@pytest.mark.parametrize("source", ["in-memory", "stored"])
+def test_cache_stores_skeleton_and_raw_weights_and_serves_the_same_model(tmp_path, source):
     spec_in = TensorSpec("input_0", (4, 64), torch.float32, (4, 64), ((4, 4), (64, 64)))
     spec_out = TensorSpec("output_0", (4, 32), torch.float32, (4, 32), ((4, 4), (32, 32)))
-    region = OnnxRegion(OnnxModel(ir.from_proto(_proto())), (0,), (spec_in,), (spec_out,))
+    model = OnnxModel(ir.from_proto(_proto()))
+    if source == "stored":  # an entry loaded from the cache, stored again (another cache directory)
+        skeleton, parts = model.parts()
+        model = OnnxModel(skeleton=skeleton, weights=dict(parts))
+    region = OnnxRegion(model, (0,), (spec_in,), (spec_out,))
     cache = _engine_cache.EngineCache(tmp_path, 1 << 30)
-    key = _engine_cache.Key("k" * 64, {"test": "in-memory"})
-    cache.store(key, Entry(region, b"engine", {}))
+    key = _engine_cache.Key("k" * 64, {"test": source})
+    assert cache.store(key, Entry(region, b"engine", {}))
+    raw = cache.path(key).read_bytes()
+    weight = numpy_helper.to_array(_proto().graph.initializer[0]).tobytes()
+    assert raw.count(weight) == 1  # the weight's raw bytes, once: no protobuf around them
     loaded = cache.load(key, (spec_in,))
-    assert loaded is not None and isinstance(loaded.region.source, bytes)
-    assert loaded.region.model == region.model
+    assert loaded is not None and isinstance(loaded.region.source, OnnxModel)
+    assert loaded.region.source.weights["w"].tobytes() == weight
+    assert onnx.load_from_string(loaded.region.model) == onnx.load_from_string(region.model)
     x = np.random.default_rng(1).standard_normal((4, 64)).astype(np.float32)
     session = ort.InferenceSession(loaded.region.model, providers=["CPUExecutionProvider"])
     w = numpy_helper.to_array(_proto().graph.initializer[0])
     b = numpy_helper.to_array(_proto().graph.initializer[1])
     np.testing.assert_allclose(session.run(None, {"x": x})[0], np.maximum(x @ w + b, 0), rtol=1e-5, atol=1e-5)
+    if _trt.available():  # a hit hands the stored weights to the parser by pointer
+        parsed = _engine.parse_network(loaded.region.source)
+        assert not parsed.errors and parsed.weights
+        np.testing.assert_array_equal(_constants(parsed.network)["w"].reshape(w.shape), w)
+
+
+@pytest.mark.parametrize(("table", "why"), [
+    ([["w", 10**9]], "does not match"),
+    ([["w", -4]], "does not match"),
+    ([[3, 8192]], "does not match"),
+    ([], "does not match"),
+])
+def test_a_corrupt_weight_table_is_a_miss_not_a_crash(tmp_path, caplog, table, why):
+    spec_in = TensorSpec("input_0", (4, 64), torch.float32, (4, 64), ((4, 4), (64, 64)))
+    region = OnnxRegion(OnnxModel(ir.from_proto(_proto())), (0,), (spec_in,), ())
+    key = _engine_cache.Key("k" * 64, {"test": "corrupt"})
+    chunks = _engine_cache.encode(key, Entry(region, b"engine", {}))
+    header = json.loads(chunks[2])
+    header.pop("header_sha256")
+    header["onnx"]["weights"] = table
+    header["header_sha256"] = _engine_cache._header_digest(header)  # a consistent but wrong header
+    head = json.dumps(header, sort_keys=True).encode()
+    data = b"".join(bytes(c) for c in [chunks[0], len(head).to_bytes(8, "little"), head, *chunks[3:]])
+    with pytest.raises(_engine_cache.CorruptEntry, match=why):
+        _engine_cache.decode(data, key)
 
 
 @pytest.mark.gpu
