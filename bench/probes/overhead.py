@@ -50,6 +50,11 @@ def main() -> None:
         ctx = ex.context
         raw = torch.cuda.current_stream().cuda_stream
         placeholders = [n for n in plan.graph.nodes if n.op == "placeholder"]
+        # Dynamo around our executor or region module alone (no lowering, no partitioned graph)
+        index = next(i for i, n in enumerate(placeholders) if n.users)
+        around_executor = torch.compile(model, backend=lambda gm, ex_in: (lambda *args: ex([args[index]])))
+        around_region = torch.compile(model, backend=lambda gm, ex_in: (lambda *args: region.forward(args[index])))
+        around_op = torch.compile(model, backend=lambda gm, ex_in: (lambda *args: (args[index] + 1,)))
         with torch.inference_mode():
             rows = {
                 "enqueue": per_call_us(lambda: ctx.execute_async_v3(raw)),
@@ -58,6 +63,9 @@ def main() -> None:
                 "compiled_model": per_call_us(lambda: fn(x)),
                 "eager": per_call_us(lambda: model(x)),
                 "dynamo_floor": per_call_us(lambda: floor(x)),
+                "dynamo+one_op": per_call_us(lambda: around_op(x)),
+                "dynamo+executor": per_call_us(lambda: around_executor(x)),
+                "dynamo+region_module": per_call_us(lambda: around_region(x)),
                 "torch.empty": per_call_us(lambda: torch.empty((1, 256), dtype=torch.float16, device="cuda")),
             }
         print(strategy, {k: round(v, 2) for k, v in rows.items()}, "plan placeholders", len(placeholders))
