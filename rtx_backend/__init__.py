@@ -22,6 +22,7 @@ from ._errors import (
 )
 from ._explain import ExplainReport, explain
 from ._options import Options
+from ._preload import preload
 from ._runtime_cache import save_runtime_cache
 from ._stats import reset_stats, stats
 
@@ -41,6 +42,7 @@ __all__ = [
     "TargetError",
     "crosscheck",
     "explain",
+    "preload",
     "reset_stats",
     "save_runtime_cache",
     "stats",

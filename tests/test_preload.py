@@ -1,0 +1,39 @@
+"""rtx_backend.preload(): the first compile's one-time costs, paid up front (in a fresh process,
+where nothing is imported or indexed yet)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+CHILD = r"""
+import json, sys, time
+import torch
+import rtx_backend
+from rtx_backend import _registry
+before = {m: m in sys.modules for m in ("onnxscript.function_libs.torch_lib.ops",)}
+indexed_before = bool(_registry._indexes)
+seconds = rtx_backend.preload()
+after = {m: m in sys.modules for m in before}
+model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()).eval()
+x = torch.randn(2, 8)
+fn = torch.compile(model, backend="trtrtx", options={"runtime": "onnxruntime", "engine_cache_dir": ""})
+with torch.no_grad():
+    ok = torch.allclose(fn(x), model(x), atol=1e-5)
+index = _registry.index()
+print(json.dumps({"before": before, "after": after, "indexed_before": indexed_before,
+                  "indexed_after": bool(_registry._indexes), "same_index": index is _registry.index(),
+                  "seconds": seconds, "ok": ok, "kinds": [k for k in rtx_backend.stats()]}))
+"""
+
+
+def test_preload_imports_and_indexes_the_exporter_once_and_compiles_still_work():
+    out = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert not any(result["before"].values()) and not result["indexed_before"]
+    assert all(result["after"].values()) and result["indexed_after"] and result["same_index"]
+    assert set(result["seconds"]) == {"decompositions", "exporter", "tensorrt_rtx"}
+    assert all(v >= 0 for v in result["seconds"].values()) and result["seconds"]["exporter"] > 0
+    assert result["ok"]
