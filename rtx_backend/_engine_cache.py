@@ -46,6 +46,7 @@ from ._options import Options
 
 log = logging.getLogger("rtx_backend")
 
+PARALLEL_HASH_BYTES = 64 << 20  # below this, a thread pool costs more than it saves
 FORMAT = 2  # 2: in-memory models stored as skeleton and raw weights
 MAGIC = b"TRTRTX-ENGINE-CACHE\n"
 SUFFIX = ".engine"
@@ -128,13 +129,16 @@ class CorruptEntry(Exception):
 
 
 def graph_digest(gm: torch.fx.GraphModule) -> str | None:
-    """SHA-256 of a region graph: its code, its inputs and its constants' bytes.
+    """SHA-256 of a region graph: its code, its inputs and its constants' bytes (each constant's
+    bytes hashed on its own, in parallel: hashlib lets go of the GIL, and a large model's weights
+    take a core-second to hash; the graph's digest covers those digests in graph order).
 
     None when the graph holds something whose content cannot be hashed (a submodule call, a
     tensor without data): such a region is not cached rather than risk a stale hit.
     """
     h = hashlib.sha256()
     h.update(_DEVICE.sub("device(...)", gm.code).encode())  # engines do not depend on the device
+    constants: list[memoryview] = []
     for node in gm.graph.nodes:
         if node.op == "call_module":
             return None
@@ -148,7 +152,15 @@ def graph_digest(gm: torch.fx.GraphModule) -> str | None:
             if data is None:
                 return None
             h.update(repr((node.target, str(value.dtype), tuple(value.shape))).encode())
-            h.update(data)
+            constants.append(data)
+    large = sum(len(c) for c in constants) >= PARALLEL_HASH_BYTES and len(constants) > 1
+    if large:
+        with concurrent.futures.ThreadPoolExecutor(min(len(constants), os.cpu_count() or 1, 8)) as pool:
+            digests = list(pool.map(lambda c: hashlib.sha256(c).digest(), constants))
+    else:
+        digests = [hashlib.sha256(c).digest() for c in constants]
+    for digest in digests:
+        h.update(digest)
     return h.hexdigest()
 
 

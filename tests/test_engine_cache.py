@@ -510,3 +510,27 @@ def test_a_record_that_is_not_a_list_of_gpus_vouches_for_none(tmp_path, monkeypa
     cache.mark_validated(key)
     assert cache.validated_here(key)
     assert json.loads(cache.validation_path(key).read_text()) == ["GPU A sm86 driver 1"]
+
+
+class _TwoConstants(torch.nn.Module):
+    def __init__(self, a: torch.Tensor, b: torch.Tensor) -> None:
+        super().__init__()
+        self.register_buffer("a", a)
+        self.register_buffer("b", b)
+
+    def forward(self, x):
+        return x * self.a + self.b
+
+
+def test_graph_digest_hashes_constants_in_parallel_to_the_same_key(monkeypatch):
+    from rtx_backend import _engine_cache
+
+    a, b = torch.arange(16.0), torch.arange(16.0) + 100
+    digests = {}
+    for threshold in (1 << 62, 0):  # serial, then every graph "large" (thread pool)
+        monkeypatch.setattr(_engine_cache, "PARALLEL_HASH_BYTES", threshold)
+        digests[threshold] = _engine_cache.graph_digest(torch.fx.symbolic_trace(_TwoConstants(a, b)))
+        swapped = _engine_cache.graph_digest(torch.fx.symbolic_trace(_TwoConstants(b, a)))
+        changed = _engine_cache.graph_digest(torch.fx.symbolic_trace(_TwoConstants(a, b + 1)))
+        assert len({digests[threshold], swapped, changed}) == 3
+    assert digests[1 << 62] == digests[0] is not None
