@@ -56,9 +56,10 @@ def parse_network(model: bytes | OnnxModel) -> Network:
     return Network(builder, network, parser, [], [] if ok else _errors(parser))
 
 
-def parse(model: bytes | OnnxModel) -> Network:
-    """The parsed network; raises BuildError with the parser's errors."""
-    parsed = parse_network(model)
+def parse(model: bytes | OnnxModel | Network) -> Network:
+    """The parsed network (parsed now unless it is one already); raises BuildError with the
+    parser's errors."""
+    parsed = model if isinstance(model, Network) else parse_network(model)
     if parsed.errors:
         raise BuildError("TensorRT-RTX's ONNX parser rejected the region: " + "; ".join(parsed.errors))
     return parsed
@@ -121,9 +122,7 @@ def build(
     errors = _trt.logger().errors
     errors.clear()
     start = time.perf_counter()
-    parsed = model if isinstance(model, Network) else parse(model)
-    if parsed.errors:
-        raise BuildError("TensorRT-RTX's ONNX parser rejected the region: " + "; ".join(parsed.errors))
+    parsed = parse(model)
     builder, network = parsed.builder, parsed.network
     config = builder.create_builder_config()
     configure_targets(config, targets)

@@ -13,7 +13,8 @@ all of it: MAGIC, the header length (8 bytes, little endian), a JSON header (the
 fields, the region metadata, sizes and SHA-256 of the payloads), the ONNX model, the engine
 bytes. The ONNX model is its serialized bytes, or (for a freshly exported region) its weightless
 skeleton followed by each large weight's raw bytes, as the header's weight table lists them: no
-ONNX serialization in the writer, and a hit hands the weights to the parser without a copy. A file that fails any check is a warning, a rebuild and an overwrite; a stale entry is
+ONNX serialization in the writer, and a hit hands the weights to the parser without a copy.
+A file that fails any check is a warning, a rebuild and an overwrite; a stale entry is
 never served (the stored key and input specs are compared with the wanted ones).
 """
 
