@@ -14,7 +14,7 @@ from typing import Any
 
 from . import _trt
 from ._errors import BuildError, TargetError
-from ._onnx_model import OnnxModel, host_bytes
+from ._onnx_model import OnnxModel, as_bytes, host_bytes
 from ._options import Target
 
 log = logging.getLogger("rtx_backend")
@@ -50,7 +50,7 @@ def parse_network(model: bytes | OnnxModel) -> Network:
         parsed = _parse_weightless(model)
         if parsed is not None:
             return parsed
-    data = model if isinstance(model, bytes) else model.serialize()
+    data = as_bytes(model)
     builder, network, parser = _parser()
     ok = parser.parse(data)
     return Network(builder, network, parser, [], [] if ok else _errors(parser))

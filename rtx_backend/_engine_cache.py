@@ -42,7 +42,7 @@ import torch
 from . import _files, _stats, _targets, _trt
 from ._engine import Profile
 from ._onnx_bridge import OnnxRegion, TensorSpec
-from ._onnx_model import OnnxModel
+from ._onnx_model import OnnxModel, as_bytes
 from ._options import Options
 
 log = logging.getLogger("rtx_backend")
@@ -355,8 +355,7 @@ def encode(key: Key, entry: Entry) -> list[Any]:
     parts = source.parts() if isinstance(source, OnnxModel) else None
     onnx_meta: dict[str, Any]
     if parts is None:
-        onnx = source if isinstance(source, bytes) else source.serialize(keep=False)
-        chunks: list[Any] = [onnx]
+        chunks: list[Any] = [as_bytes(source, keep=False)]  # the region keeps less
         onnx_meta = {}
     else:
         skeleton, weights = parts

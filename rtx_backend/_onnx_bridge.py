@@ -21,7 +21,7 @@ import torch
 
 from ._errors import BuildError
 from ._lowering import views_to_reshapes
-from ._onnx_model import OnnxModel
+from ._onnx_model import OnnxModel, as_bytes
 
 log = logging.getLogger("rtx_backend")
 
@@ -58,7 +58,7 @@ class OnnxRegion:
     @property
     def model(self) -> bytes:
         """The ONNX model's bytes (serialized on first use for an in-memory model)."""
-        return self.source if isinstance(self.source, bytes) else self.source.serialize()
+        return as_bytes(self.source)
 
 
 def _spec(name: str, val: torch.Tensor) -> TensorSpec:

@@ -71,6 +71,11 @@ class OnnxModel:
         return self.skeleton, [(name, host_buffer(t)) for name, t in self.weights.items()]
 
 
+def as_bytes(model: bytes | OnnxModel, *, keep: bool = True) -> bytes:
+    """The model's ONNX bytes, whichever form it is in (`keep`: see OnnxModel.serialize)."""
+    return model if isinstance(model, bytes) else model.serialize(keep=keep)
+
+
 def serialize_model(model: Any) -> bytes:
     import onnx_ir as ir
 

@@ -22,7 +22,7 @@ import torch
 from . import _trt
 from ._engine import Network
 from ._errors import RegionRefused
-from ._onnx_model import OnnxModel
+from ._onnx_model import OnnxModel, as_bytes
 from ._options import Target
 from ._policy import RULES, NodeFacts, Reason, Rule, first_match
 
@@ -82,10 +82,10 @@ def screen_region(
     screen refuses. A refused ONNX node that maps to none of them refuses the whole region."""
     # the rules read types, shapes and node metadata only: the weightless skeleton has them all
     skeleton = model.skeleton if isinstance(model, OnnxModel) else model
-    proto = onnx.load_from_string(skeleton if skeleton is not None else _serialized(model))
+    proto = onnx.load_from_string(skeleton if skeleton is not None else as_bytes(model))
     refusals = onnx_refusals(proto, targets, rules)
     if ask_parser and _trt.available() and not (network is not None and not network.errors):
-        for index, reason in parser_refusals(_serialized(model), proto).items():
+        for index, reason in parser_refusals(as_bytes(model), proto).items():
             refusals.setdefault(index, reason)
     out: dict[str, Reason] = {}
     unmapped: list[Reason] = []
@@ -165,10 +165,6 @@ def parser_refusals(model: bytes, proto: onnx.ModelProto) -> dict[int, Reason]:
             message = f"TensorRT-RTX's ONNX parser rejects {error.node_operator()}: {error.desc()}"
             out.setdefault(error.node(), Reason("parser-unsupported", message))
     return out
-
-
-def _serialized(model: bytes | OnnxModel) -> bytes:
-    return model if isinstance(model, bytes) else model.serialize()
 
 
 def fx_node_name(node: onnx.NodeProto) -> str | None:
