@@ -18,9 +18,10 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from probes.warmstart import wrap
+
 import bench
 import rtx_backend
-from rtx_backend import _backend, _engine_cache, _executors, _runtime
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 def sync() -> None:
@@ -29,19 +30,6 @@ def sync() -> None:
 
 
 SECONDS: dict[str, float] = defaultdict(float)
-
-
-def timed(owner: object, name: str, label: str) -> None:
-    original = getattr(owner, name)
-
-    def wrapper(*args, **kwargs):
-        start = time.perf_counter()
-        try:
-            return original(*args, **kwargs)
-        finally:
-            SECONDS[label] += time.perf_counter() - start
-
-    setattr(owner, name, wrapper)
 
 
 def compile_once(dtype: torch.dtype, batch: int, profile: bool) -> None:
@@ -77,15 +65,17 @@ def main() -> None:
     down several times, and in Python 3.12 sees every thread)."""
     args = [a for a in sys.argv[1:] if a != "--profile"]
     configs = [(getattr(torch, args[i]), int(args[i + 1])) for i in range(0, len(args), 2)] or [(torch.float32, 256)]
-    for owner, name, label in (
-        (_backend, "lower", "lower (aot_autograd and ours)"), (_backend, "compile_graph", "ours (compile_graph)"),
-        (_backend, "export_region", "export"), (_backend, "parse_network", "parse"),
-        (_backend, "check_region", "screen"), (_backend, "_build_for", "build"),
-        (_engine_cache.EngineCache, "key", "cache key"), (_engine_cache.EngineCache, "load", "cache load"),
-        (_executors.TrtExecutor, "__init__", "executor (deserialize, contexts)"),
-        (_runtime, "first_call", "validation (first call)"),
+    for module, name, label in (
+        ("rtx_backend._backend", "lower", "lower (aot_autograd and ours)"),
+        ("rtx_backend._backend", "compile_graph", "ours (compile_graph)"),
+        ("rtx_backend._backend", "export_region", "export"), ("rtx_backend._backend", "parse_network", "parse"),
+        ("rtx_backend._backend", "check_region", "screen"), ("rtx_backend._backend", "_build_for", "build"),
+        ("rtx_backend._engine_cache", "EngineCache.key", "cache key"),
+        ("rtx_backend._engine_cache", "EngineCache.load", "cache load"),
+        ("rtx_backend._executors", "TrtExecutor.__init__", "executor (deserialize, contexts)"),
+        ("rtx_backend._runtime", "first_call", "validation (first call)"),
     ):
-        timed(owner, name, label)
+        wrap(SECONDS, module, name, label)
     warm = torch.nn.Linear(8, 8).to(DEV)
     torch.compile(warm, backend="eager")(torch.randn(2, 8, device=DEV))  # Dynamo's own first-use costs
     print("preload", rtx_backend.preload(), flush=True)

@@ -27,7 +27,8 @@ STAGES = [  # (module, function): timed by wrapping, in the child
 ]
 
 
-def wrap(timings: dict[str, float], module: str, name: str) -> None:
+def wrap(timings: dict[str, float], module: str, name: str, label: str | None = None) -> None:
+    """Time every call of `module.name` (a function, or "Class.method") into timings[label or name]."""
     import importlib
 
     mod = importlib.import_module(module)
@@ -40,7 +41,7 @@ def wrap(timings: dict[str, float], module: str, name: str) -> None:
         try:
             return fn(*args, **kwargs)
         finally:
-            timings[name] = timings.get(name, 0.0) + time.perf_counter() - t
+            timings[label or name] = timings.get(label or name, 0.0) + time.perf_counter() - t
 
     setattr(owner, attr, timed)
 
