@@ -11,6 +11,11 @@ the exporter dispatches that op: once per process, as from_torchlib would have i
 If the exporter fails with that registry, it runs once more with the full one (built once per
 process, shared with _exporter_ops); a torch whose private exporter API moved gets the public
 torch.onnx.export.
+
+The exporter also decomposes every program it is given (torch.export's run_decompositions, a
+re-trace of the whole graph: about 0.2 s per region once warm). A region comes from aot_autograd
+already decomposed for this exporter, so when no op of the exported program is one that the pass
+would decompose, translate skips it (see `already_decomposed`).
 """
 
 from __future__ import annotations
@@ -18,13 +23,14 @@ from __future__ import annotations
 import contextlib
 import inspect
 import logging
+import operator
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
 from torch.onnx import _constants as _onnx_constants
-from torch.onnx._internal.exporter import _constants, _core, _registration
+from torch.onnx._internal.exporter import _constants, _core, _decomp, _fx_passes, _registration
 from torch.onnx._internal.exporter._torchlib import _torchlib_registry
 
 from . import _exporter_ops, _stats
@@ -191,7 +197,8 @@ def translate(
         registry = None
     if registry is not None:
         try:
-            return core_export(exported, args, registry=registry, **common)
+            with _skipping_redecomposition():
+                return core_export(exported, args, registry=registry, **common)
         except Exception as exc:
             log.debug("trtrtx: ONNX export with the lazy registry failed (%s: %s); retrying with the "
                       "full registry", type(exc).__name__, str(exc).strip().split("\n", 1)[0])
@@ -218,6 +225,68 @@ def _private_export() -> Callable[..., Any] | None:
         _say_once(f"trtrtx: torch.onnx's private exporter API changed ({exc}); using torch.onnx.export")
         return None
     return core_export
+
+
+def already_decomposed(program: torch.export.ExportedProgram, registry: _registration.ONNXRegistry) -> bool:
+    """Whether the exporter's decomposition pass would leave `program` as it is: one graph (no
+    subgraphs of higher-order ops), no mutation, no op that the pass's table decomposes (the table
+    the exporter builds from `registry`: PyTorch's decompositions of ops it cannot translate), and
+    no composite op (reshape and the like, which the pass decomposes whatever the table says)."""
+    if program.graph_signature.buffers_to_mutate or program.graph_signature.user_inputs_to_mutate:
+        return False
+    if any(isinstance(m, torch.fx.GraphModule) for m in program.graph_module.children()):
+        return False
+    table = _decomp.create_onnx_friendly_decomposition_table(set(_decomp.get_onnx_implemented_overloads(registry)))
+    for node in program.graph.nodes:
+        if node.op != "call_function":
+            continue
+        target = node.target
+        if isinstance(target, torch._ops.OpOverload):
+            if target in table or target._schema.is_mutable or _composite(target):
+                return False
+        elif getattr(target, "__module__", None) != operator.__name__:  # getitem, SymInt arithmetic
+            return False
+    return True
+
+
+def _composite(op: torch._ops.OpOverload) -> bool:
+    key = torch._C.DispatchKey.CompositeImplicitAutograd
+    return torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), key) or key in op.py_kernels
+
+
+_local = threading.local()
+_patch_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def _skipping_redecomposition() -> Iterator[None]:
+    """Within: the exporter's decomposition pass returns an `already_decomposed` program as it is
+    (this thread only; other exports, and a retry with the full registry, run the pass)."""
+    with _patch_lock:
+        if not getattr(_fx_passes.decompose_with_registry, "_trtrtx", False):
+            _fx_passes.decompose_with_registry = _decompose_unless_decomposed(_fx_passes.decompose_with_registry)
+    _local.skip = True
+    try:
+        yield
+    finally:
+        _local.skip = False
+
+
+def _decompose_unless_decomposed(decompose: Callable[..., Any]) -> Callable[..., Any]:
+    def decompose_with_registry(program: Any, registry: Any) -> Any:
+        if getattr(_local, "skip", False):
+            try:
+                skip = already_decomposed(program, registry)
+            except Exception as exc:  # a program this check does not understand gets the pass
+                log.debug("trtrtx: cannot tell whether the program is decomposed (%s); decomposing", exc)
+                skip = False
+            if skip:
+                _stats.count("exports_without_redecomposition")
+                return program
+        return decompose(program, registry)
+
+    decompose_with_registry._trtrtx = True  # type: ignore[attr-defined]
+    return decompose_with_registry
 
 
 @contextlib.contextmanager

@@ -207,3 +207,61 @@ def test_entries_are_filled_in_once_across_threads():
         results = list(pool.map(lambda _: [_registry.LazyRegistry(index).get_decomps(op) for op in ops], range(8)))
     assert all(r == results[0] for r in results)
     assert index.inferred == deferred  # each entry once, whatever the number of threads and registries
+
+
+def _program(fn, *args: torch.Tensor) -> torch.export.ExportedProgram:
+    class Wrapped(nn.Module):
+        def forward(self, *xs):
+            return fn(*xs)
+
+    return torch.export.export(Wrapped(), args, strict=False)
+
+
+@pytest.mark.parametrize("fn, skips, changes", [
+    (lambda x: torch.relu(torch.ops.aten.addmm(x, x, x)), True, False),  # ops the registry translates
+    (lambda x: (torch.ops.aten.t(x) * 2).sum(0, keepdim=True), True, False),
+    (lambda x: torch.ops.aten.reshape(x, (-1,)), False, True),  # composite: decomposed to view
+    (lambda x: torch.ops.aten.add_(x.clone(), 1), False, True),  # in place: the pass functionalizes it
+    (lambda x: torch.ops.aten.rsub(x, 1.0), False, True),  # the registry has no rsub: decomposed to sub
+    (lambda x: torch.cond(x.sum() > 0, lambda y: y + 1, lambda y: y - 1, (x,)), False, None),  # subgraphs
+])
+def test_already_decomposed_is_true_only_where_the_decomposition_pass_changes_nothing(fn, skips, changes):
+    from torch.onnx._internal.exporter import _fx_passes
+
+    registry = _registry.lazy_registry()
+    program = _program(fn, torch.randn(4, 4))
+    assert _registry.already_decomposed(program, registry) is skips
+    if changes is not None:  # the claim itself: what the pass does to the same program
+        decomposed = _fx_passes.decompose_with_registry(_program(fn, torch.randn(4, 4)), registry)
+        graph = [(n.op, str(n.target)) for n in program.graph.nodes]
+        assert ([(n.op, str(n.target)) for n in decomposed.graph.nodes] != graph) is changes
+
+
+def test_a_decomposed_region_is_translated_without_the_pass_and_as_the_public_exporter_does(both):
+    rtx_backend.reset_stats()
+    gm = _region(_seeded(MLP), torch.randn(5, 16))
+    region = export_region(gm)
+    assert rtx_backend.stats()["exports_without_redecomposition"] == 1
+    ((lazy, reference),) = both  # the public exporter decomposes: same ONNX ops, same results
+    assert [n.op_type for n in lazy.model_proto.graph.node] == [n.op_type for n in reference.model_proto.graph.node]
+    _check_against_graph(gm, region)
+    export_region(_region(_seeded(ResNetish), torch.randn(2, 3, 16, 16)))  # a reshape: decomposed
+    assert rtx_backend.stats()["exports_without_redecomposition"] == 1
+
+
+def test_the_pass_is_skipped_only_in_the_exporting_thread(monkeypatch):
+    import concurrent.futures
+
+    from torch.onnx._internal.exporter import _fx_passes
+
+    checks = _Spy(_registry.already_decomposed)
+    monkeypatch.setattr(_registry, "already_decomposed", checks)
+    program = _program(lambda x: torch.relu(x) + 1, torch.randn(4, 4))
+    registry = _registry.lazy_registry()
+    with _registry._skipping_redecomposition():
+        assert _fx_passes.decompose_with_registry(program, registry) is program
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:  # another thread's export: the pass runs
+            other = pool.submit(_fx_passes.decompose_with_registry, program, registry).result()
+    assert other is not program and checks.calls == 1
+    assert _fx_passes.decompose_with_registry(program, registry) is not program  # and after, here
+    assert checks.calls == 1
