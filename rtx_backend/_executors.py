@@ -115,6 +115,7 @@ class _Binding:
     memory: tuple[int, int] = (0, 0)  # (address, size) given with set_device_memory
     capture_scratch: torch.Tensor | None = None  # scratch memory of the last captured call
     warmed: set[tuple[torch.Size, ...]] = dataclasses.field(default_factory=set)  # shapes run uncaptured
+    scratch_bound: bool = False  # the executor's own scratch memory is the one set (uncaptured calls)
 
 
 class TrtExecutor:
@@ -146,6 +147,7 @@ class TrtExecutor:
         self.output_names = [s.name for s in region.outputs]
         self.output_dtypes = [torch_dtype(self.engine.get_tensor_dtype(n)) for n in self.output_names]
         self.device = torch.device("cuda", torch.cuda.current_device())
+        self._errors: list[str] = _trt.logger().errors  # TensorRT-RTX's errors since the last clear
         self.lock = threading.Lock()
         self.native_graphs = options.cuda_graph_strategy == "whole_graph_capture"
         self.specialization = options.dynamic_shapes_kernel_specialization_strategy
@@ -198,10 +200,14 @@ class TrtExecutor:
                                  torch.cuda.Event(), torch.cuda.Event())
         return self._side_events
 
-    def __call__(self, tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    def __call__(
+        self, tensors: Sequence[torch.Tensor], shapes: tuple[torch.Size, ...] | None = None
+    ) -> list[torch.Tensor]:
+        """Run the engine; `shapes` are the tensors' shapes where the caller has them already."""
         raw = current_raw_stream(self.device.index)
         capturing = stream_capturing()
-        shapes = tuple(t.shape for t in tensors)
+        if shapes is None:
+            shapes = tuple(t.shape for t in tensors)
         with self.lock:
             if capturing:
                 return self._enqueue(self._binding_for_capture(shapes), tensors, shapes, raw, True)
@@ -226,7 +232,8 @@ class TrtExecutor:
         """Run one binding's context: set only what changed since its last call, then enqueue."""
         ctx = b.context
         new_shapes = shapes != b.input_shapes
-        index = self.device.index if self.device.type == "cuda" else -1
+        index = self.device.index
+        addresses = b.addresses
         for name, t in zip(self.input_names, tensors):
             if t.get_device() != index:  # an int compare: no torch.device on every call
                 t = t.to(self.device)
@@ -239,21 +246,23 @@ class TrtExecutor:
                     "(outside the engine's optimization profile)"
                 )
             ptr = t.data_ptr()
-            if b.addresses.get(name) != ptr:
+            if addresses.get(name) != ptr:
                 ctx.set_tensor_address(name, ptr)
-                b.addresses[name] = ptr
+                addresses[name] = ptr
         if new_shapes:
             b.output_shapes = [tuple(ctx.get_tensor_shape(n)) for n in self.output_names]
             b.input_shapes = shapes
         outputs = []
+        device = self.device
         for name, dtype, shape in zip(self.output_names, self.output_dtypes, b.output_shapes):
-            out = torch.empty(shape, dtype=dtype, device=self.device)
+            out = torch.empty(shape, dtype=dtype, device=device)
             ptr = out.data_ptr()
-            if b.addresses.get(name) != ptr:
+            if addresses.get(name) != ptr:
                 ctx.set_tensor_address(name, ptr)
-                b.addresses[name] = ptr
+                addresses[name] = ptr
             outputs.append(out)
-        self._bind_memory(b, capturing)
+        if capturing or not b.scratch_bound:
+            self._bind_memory(b, capturing)
         if capturing and not ctx.is_stream_capturable(raw):
             raise CudaGraphError(
                 f"region {self.name} cannot be recorded by the CUDA graph being captured: TensorRT-RTX "
@@ -272,7 +281,7 @@ class TrtExecutor:
             ready.record(default)
             side.wait_event(ready)
             run_on = side.cuda_stream
-        errors = _trt.logger().errors
+        errors = self._errors
         if errors:
             errors.clear()
         if not ctx.execute_async_v3(run_on):
@@ -293,6 +302,7 @@ class TrtExecutor:
         """Give the context its scratch memory: the executor's own outside captures (the engine's
         size for its largest shapes, so it never moves), a block of the graph's pool inside one."""
         size = self._memory_size  # (a smaller size for the call's shapes makes Myelin re-resolve shapes)
+        b.scratch_bound = not capturing
         if capturing:
             b.capture_scratch = torch.empty(max(size, 1), dtype=torch.uint8, device=self.device)
             memory = (b.capture_scratch.data_ptr(), size)
