@@ -200,14 +200,10 @@ class TrtExecutor:
                                  torch.cuda.Event(), torch.cuda.Event())
         return self._side_events
 
-    def __call__(
-        self, tensors: Sequence[torch.Tensor], shapes: tuple[torch.Size, ...] | None = None
-    ) -> list[torch.Tensor]:
-        """Run the engine; `shapes` are the tensors' shapes where the caller has them already."""
+    def __call__(self, tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         raw = current_raw_stream(self.device.index)
         capturing = stream_capturing()
-        if shapes is None:
-            shapes = tuple(t.shape for t in tensors)
+        shapes = tuple(t.shape for t in tensors)
         with self.lock:
             if capturing:
                 return self._enqueue(self._binding_for_capture(shapes), tensors, shapes, raw, True)

@@ -75,7 +75,7 @@ class RegionModule(torch.nn.Module):
         runner = self.executor  # fit_profile may have swapped in an engine for a wider profile
         assert not isinstance(runner, TorchExecutor)
         try:
-            outputs = tuple(runner(tensors, shapes) if isinstance(runner, TrtExecutor) else runner(tensors))
+            outputs = tuple(runner(tensors))
         except CudaGraphError as exc:  # inside a CUDA graph capture the engine cannot take part in
             if not self.capture_fallback_said:
                 self.capture_fallback_said = True
