@@ -73,13 +73,14 @@ def _first_engine(region: OnnxRegion) -> None:
 
     from ._engine import build
     from ._executors import TrtExecutor
+    from ._onnx_bridge import _example
     from ._options import Options
 
     try:
         engine = build(region.source, None, {}).data
         options = Options(runtime_cache_path=None, engine_cache_dir=None, progress=False)
         executor = TrtExecutor(engine, region, options, "preload")
-        executor([torch.ones(s.shape, dtype=s.dtype, device=executor.device) for s in region.inputs])
+        executor([_example(s, executor.device) for s in region.inputs])
         torch.cuda.synchronize(executor.device)
     except Exception as exc:
         log.debug("trtrtx: preload's warm-up engine failed (%s: %s)", type(exc).__name__, exc)
