@@ -30,8 +30,9 @@ model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()).eval().to(de
 x = torch.randn(2, 8, device=device)
 runtime = "onnxruntime" if device == "cpu" else "tensorrt_rtx"
 fn = torch.compile(model, backend="trtrtx", options={"runtime": runtime, "engine_cache_dir": "", "min_block_size": 1})
+tolerance = 1e-5 if device == "cpu" else 2e-3  # TensorRT-RTX's FP32 GEMMs may use TF32
 with torch.no_grad():
-    ok = torch.allclose(fn(x), model(x), atol=1e-5)
+    ok = torch.allclose(fn(x), model(x), atol=tolerance, rtol=tolerance)
 index = _registry.index()
 print(json.dumps({"before": before, "after": after, "indexed_before": indexed_before,
                   "indexed_after": bool(_registry._indexes), "same_index": index is _registry.index(),
@@ -48,7 +49,8 @@ def _preload_in_a_fresh_process(tmp_path, device: str) -> dict:
     assert not any(result["before"].values()) and not result["indexed_before"]
     assert all(result["after"].values()) and result["indexed_after"] and result["same_index"]
     assert all(v >= 0 for v in result["seconds"].values()) and result["seconds"]["exporter"] > 0
-    assert result["ok"] and result["warm_up_exports"] == 1
+    assert result["warm_up_exports"] == 1
+    assert result["ok"], "the compiled model's result after preload differs from eager"
     assert result["cache_files"] == []  # the warm-up writes no engine or runtime cache file
     return result
 
