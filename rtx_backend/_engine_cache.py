@@ -130,16 +130,17 @@ class CorruptEntry(Exception):
 
 
 def graph_digest(gm: torch.fx.GraphModule) -> str | None:
-    """SHA-256 of a region graph: its code, its inputs and its constants' bytes (each constant's
-    bytes hashed on its own, in parallel: hashlib lets go of the GIL, and a large model's weights
-    take a core-second to hash; the graph's digest covers those digests in graph order).
+    """SHA-256 of a region graph: its code, its inputs and its constants' bytes (each constant
+    copied to the host and hashed on its own, in parallel: the copy and hashlib let go of the GIL,
+    and a large model's weights take a core-second to hash; the graph's digest covers those
+    digests in graph order).
 
     None when the graph holds something whose content cannot be hashed (a submodule call, a
     tensor without data): such a region is not cached rather than risk a stale hit.
     """
     h = hashlib.sha256()
     h.update(_DEVICE.sub("device(...)", gm.code).encode())  # engines do not depend on the device
-    constants: list[memoryview] = []
+    constants: list[torch.Tensor] = []
     for node in gm.graph.nodes:
         if node.op == "call_module":
             return None
@@ -149,20 +150,24 @@ def graph_digest(gm: torch.fx.GraphModule) -> str | None:
             value = _fetch_attr(gm, str(node.target))
             if not isinstance(value, torch.Tensor):
                 return None
-            data = _tensor_bytes(value)
-            if data is None:
-                return None
             h.update(repr((node.target, str(value.dtype), tuple(value.shape))).encode())
-            constants.append(data)
-    large = sum(len(c) for c in constants) >= PARALLEL_HASH_BYTES and len(constants) > 1
-    if large:
+            constants.append(value)
+    size = sum(c.numel() * c.element_size() for c in constants)
+    if size >= PARALLEL_HASH_BYTES and len(constants) > 1:
         with concurrent.futures.ThreadPoolExecutor(min(len(constants), os.cpu_count() or 1, 8)) as pool:
-            digests = list(pool.map(lambda c: hashlib.sha256(c).digest(), constants))
+            digests = list(pool.map(_tensor_digest, constants))
     else:
-        digests = [hashlib.sha256(c).digest() for c in constants]
+        digests = [_tensor_digest(c) for c in constants]
     for digest in digests:
+        if digest is None:
+            return None
         h.update(digest)
     return h.hexdigest()
+
+
+def _tensor_digest(t: torch.Tensor) -> bytes | None:
+    data = _tensor_bytes(t)
+    return None if data is None else hashlib.sha256(data).digest()
 
 
 def key_fields(digest: str, profile: Profile, options: Options) -> dict[str, Any]:

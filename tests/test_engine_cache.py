@@ -533,4 +533,6 @@ def test_graph_digest_hashes_constants_in_parallel_to_the_same_key(monkeypatch):
         swapped = _engine_cache.graph_digest(torch.fx.symbolic_trace(_TwoConstants(b, a)))
         changed = _engine_cache.graph_digest(torch.fx.symbolic_trace(_TwoConstants(a, b + 1)))
         assert len({digests[threshold], swapped, changed}) == 3
+        no_data = _engine_cache.graph_digest(torch.fx.symbolic_trace(_TwoConstants(a, torch.empty(16, device="meta"))))
+        assert no_data is None  # not cacheable, in the pool as in the serial loop
     assert digests[1 << 62] == digests[0] is not None
