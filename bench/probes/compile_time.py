@@ -1,12 +1,14 @@
 """GPU probe: where a cold compile's time goes, stage by stage, for the benchmark's MLP (4x4096,
 FP32 batch 256 by default: 268 MB of weights). As in the benchmark, Dynamo is warmed up first on
 another model, trtrtx is preloaded and the model runs eagerly once; then each listed
-configuration compiles under stage timers (one process, in order).
-    python bench/probes/compile_time.py [float16 1 float32 256 ...] [--profile]"""
+configuration compiles under stage timers (one process, in order). With --peer, the same for
+Torch-TensorRT-RTX (backend "torch_tensorrt", C++ runtime, as in the benchmark), by its stages.
+    python bench/probes/compile_time.py [float16 1 float32 256 ...] [--profile] [--peer]"""
 
 from __future__ import annotations
 
 import cProfile
+import importlib
 import io
 import pstats
 import sys
@@ -32,7 +34,7 @@ def sync() -> None:
 SECONDS: dict[str, float] = defaultdict(float)
 
 
-def compile_once(dtype: torch.dtype, batch: int, profile: bool) -> None:
+def compile_once(dtype: torch.dtype, batch: int, profile: bool, peer: bool) -> None:
     SECONDS.clear()
     torch._dynamo.reset()
     torch.manual_seed(0)
@@ -41,7 +43,11 @@ def compile_once(dtype: torch.dtype, batch: int, profile: bool) -> None:
     with torch.inference_mode():
         model(x)  # eager first, as in the benchmark (cuBLAS is initialised by then)
     sync()
-    fn = torch.compile(model, backend="trtrtx", options={"engine_cache_dir": tempfile.mkdtemp(prefix="probe-engines-")})
+    if peer:
+        fn = torch.compile(model, backend="torch_tensorrt", dynamic=False,
+                           options={"min_block_size": 1, "use_python_runtime": False})
+    else:
+        fn = torch.compile(model, backend="trtrtx", options={"engine_cache_dir": tempfile.mkdtemp(prefix="probe-engines-")})
     profiler = cProfile.Profile()
     start = time.perf_counter()
     with torch.inference_mode():
@@ -63,7 +69,8 @@ def compile_once(dtype: torch.dtype, batch: int, profile: bool) -> None:
 def main() -> None:
     """Args: [dtype batch]... (default float32 256); --profile adds cProfile (which slows Python
     down several times, and in Python 3.12 sees every thread)."""
-    args = [a for a in sys.argv[1:] if a != "--profile"]
+    args = [a for a in sys.argv[1:] if not a.startswith("--")]
+    peer = "--peer" in sys.argv
     configs = [(getattr(torch, args[i]), int(args[i + 1])) for i in range(0, len(args), 2)] or [(torch.float32, 256)]
     for module, name, label in (
         ("rtx_backend._backend", "lower", "lower (aot_autograd and ours)"),
@@ -74,13 +81,52 @@ def main() -> None:
         ("rtx_backend._engine_cache", "EngineCache.load", "cache load"),
         ("rtx_backend._executors", "TrtExecutor.__init__", "executor (deserialize, contexts)"),
         ("rtx_backend._runtime", "first_call", "validation (first call)"),
+        ("rtx_backend._executors", "deserialize", "deserialize"),
+        ("rtx_backend._executors", "TrtExecutor._make_binding", "contexts"),
     ):
         wrap(SECONDS, module, name, label)
+    if peer:
+        import torch_tensorrt  # noqa: F401  (its converters register on import, before timing)
+
+        for module, name, label in (
+            ("torch_tensorrt.dynamo.conversion._conversion", "interpret_module_to_result", "peer: convert, build"),
+            ("torch_tensorrt.dynamo.conversion._TRTInterpreter", "TRTInterpreter._populate_trt_builder_config",
+             "peer: builder config"),
+            ("torch_tensorrt.dynamo.conversion._TRTInterpreter", "TRTInterpreter.run", "peer: TRTInterpreter.run"),
+            ("torch_tensorrt.dynamo.runtime._TorchTensorRTModule", "TorchTensorRTModule.setup_engine",
+             "peer: engine setup (deserialize, context)"),
+        ):
+            try:
+                wrap(SECONDS, module, name, label)
+            except (ImportError, AttributeError) as exc:
+                print(f"cannot time {module}.{name}: {exc}")
+        trt = importlib.import_module("tensorrt_rtx")
+        for cls, name, label in ((trt.Builder, "build_serialized_network", "peer+ours: build_serialized_network"),
+                                 (trt.Runtime, "deserialize_cuda_engine", "peer+ours: deserialize_cuda_engine")):
+            try:
+                _time_method(cls, name, label)
+            except (AttributeError, TypeError) as exc:
+                print(f"cannot time {cls.__name__}.{name}: {exc}")
     warm = torch.nn.Linear(8, 8).to(DEV)
     torch.compile(warm, backend="eager")(torch.randn(2, 8, device=DEV))  # Dynamo's own first-use costs
-    print("preload", rtx_backend.preload(), flush=True)
+    if not peer:  # (the peer's setup is its import, above)
+        print("preload", rtx_backend.preload(), flush=True)
     for dtype, batch in configs:
-        compile_once(dtype, batch, "--profile" in sys.argv)
+        compile_once(dtype, batch, "--profile" in sys.argv, peer)
+
+
+def _time_method(cls: type, name: str, label: str) -> None:
+    """Time a TensorRT-RTX binding's method (set on its class, so every caller's use is timed)."""
+    fn = getattr(cls, name)
+
+    def timed(self, *args, **kwargs):
+        t = time.perf_counter()
+        try:
+            return fn(self, *args, **kwargs)
+        finally:
+            SECONDS[label] += time.perf_counter() - t
+
+    setattr(cls, name, timed)
 
 
 if __name__ == "__main__":
