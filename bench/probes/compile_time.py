@@ -81,6 +81,11 @@ def main() -> None:
         ("rtx_backend._engine_cache", "EngineCache.load", "cache load"),
         ("rtx_backend._executors", "TrtExecutor.__init__", "executor (deserialize, contexts)"),
         ("rtx_backend._runtime", "first_call", "validation (first call)"),
+        ("rtx_backend._onnx_bridge", "_export_non_strict", "export: torch.export"),
+        ("rtx_backend._registry", "translate", "export: exporter"),
+        ("torch.onnx._internal.exporter._core", "_prepare_exported_program_for_export", "exporter: decompose"),
+        ("torch.onnx._internal.exporter._core", "_exported_program_to_onnx_program", "exporter: translate"),
+        ("torch.onnx._internal.exporter._onnx_program", "ONNXProgram.optimize", "exporter: optimize"),
         ("rtx_backend._executors", "deserialize", "deserialize"),
         ("rtx_backend._executors", "TrtExecutor._make_binding", "contexts"),
     ):
