@@ -19,9 +19,11 @@ from typing import Any
 
 import torch
 
+from . import _stats
 from ._errors import BuildError
 from ._lowering import views_to_reshapes
 from ._onnx_model import OnnxModel, as_bytes
+from ._onnx_rewrite import transposes_into_gemm
 
 log = logging.getLogger("rtx_backend")
 
@@ -332,7 +334,19 @@ def _to_onnx(
     exported: Any, args: tuple[torch.Tensor, ...], input_names: list[str], output_names: list[str], optimize: bool
 ) -> Any:
     """torch.onnx.export of the exported program, through _registry (which skips the registry
-    rebuild of every public call) where this torch's private exporter API allows."""
+    rebuild of every public call) where this torch's private exporter API allows; weight
+    transposes are folded into Gemm flags before the exporter's optimizer runs (_onnx_rewrite)."""
+    program = _translate(exported, args, input_names, output_names)
+    folded = transposes_into_gemm(program.model)
+    if folded:
+        _stats.count("weight_transposes_folded", folded)
+    if optimize:
+        program.optimize()
+    return program
+
+
+def _translate(exported: Any, args: tuple[torch.Tensor, ...], input_names: list[str], output_names: list[str]) -> Any:
+    """The exported program in ONNX, not optimized."""
     try:
         from . import _registry
     except (ImportError, AttributeError) as exc:  # the exporter's private modules moved
@@ -341,7 +355,7 @@ def _to_onnx(
             log.debug("trtrtx: the exporter's private modules are not importable (%s); using torch.onnx.export", exc)
     else:
         program = _registry.translate(
-            exported, args, input_names=input_names, output_names=output_names, optimize=optimize
+            exported, args, input_names=input_names, output_names=output_names, optimize=False
         )
         if program is not None:
             return program
@@ -351,7 +365,7 @@ def _to_onnx(
         dynamo=True,
         input_names=input_names,
         output_names=output_names,
-        optimize=optimize,
+        optimize=False,
         verbose=False,
         report=False,
     )
