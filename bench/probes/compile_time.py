@@ -105,13 +105,13 @@ def main() -> None:
                 wrap(SECONDS, module, name, label)
             except (ImportError, AttributeError) as exc:
                 print(f"cannot time {module}.{name}: {exc}")
-        trt = importlib.import_module("tensorrt_rtx")
-        for cls, name, label in ((trt.Builder, "build_serialized_network", "peer+ours: build_serialized_network"),
-                                 (trt.Runtime, "deserialize_cuda_engine", "peer+ours: deserialize_cuda_engine")):
-            try:
-                _time_method(cls, name, label)
-            except (AttributeError, TypeError) as exc:
-                print(f"cannot time {cls.__name__}.{name}: {exc}")
+    trt = importlib.import_module("tensorrt_rtx")
+    for cls, name, label in ((trt.Builder, "build_serialized_network", "build_serialized_network"),
+                             (trt.Runtime, "deserialize_cuda_engine", "deserialize_cuda_engine")):
+        try:
+            _time_method(cls, name, label)  # either backend's calls
+        except (AttributeError, TypeError) as exc:
+            print(f"cannot time {cls.__name__}.{name}: {exc}")
     warm = torch.nn.Linear(8, 8).to(DEV)
     torch.compile(warm, backend="eager")(torch.randn(2, 8, device=DEV))  # Dynamo's own first-use costs
     if not peer:  # (the peer's setup is its import, above)
