@@ -18,7 +18,7 @@ import torch
 
 from . import _stats, _targets, _trt
 from ._dump import dump_region
-from ._engine import Network, Profile, build, parse_network
+from ._engine import EngineData, Network, Profile, build, parse_network
 from ._engine_cache import EngineCache, Validation
 from ._engine_cache import Entry as CacheEntry
 from ._errors import BuildError, RegionRefused, RtxBackendError, RuntimeUnavailableError
@@ -171,7 +171,7 @@ def compile_region(
 
 def export_and_build(
     region_gm: torch.fx.GraphModule, overrides: dict[str, Any], options: Options
-) -> tuple[OnnxRegion, bytes | None, Profile, Validation | None]:
+) -> tuple[OnnxRegion, EngineData | None, Profile, Validation | None]:
     """The region's ONNX model, engine and the engine's profile: from the engine cache when it
     holds them, else exported and built (and stored); and the cache entry's validation record.
     No engine (and an empty profile) where none can be built or none is wanted."""
@@ -197,7 +197,7 @@ def export_and_build(
     return onnx_region, engine, profile, None
 
 
-def _build_for(model: bytes | OnnxModel | Network, options: Options, profile: Profile) -> bytes:
+def _build_for(model: bytes | OnnxModel | Network, options: Options, profile: Profile) -> EngineData:
     """An engine for the region's model and a profile (also when a call fell outside the first one)."""
     with build_progress(options) as monitor:
         return build(model, options.target_compute_capabilities, profile, monitor=monitor).data
@@ -213,7 +213,7 @@ def _device(region_gm: torch.fx.GraphModule) -> torch.device:
 
 
 def choose_executor(
-    name: str, onnx_region: Any, engine: bytes | None, options: Options, device: torch.device
+    name: str, onnx_region: Any, engine: EngineData | None, options: Options, device: torch.device
 ) -> TrtExecutor | OrtExecutor:
     """TensorRT-RTX where this GPU runs the engine; else ONNX Runtime (runtime='auto')."""
     if options.runtime == "onnxruntime":

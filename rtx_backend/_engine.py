@@ -20,11 +20,12 @@ from ._options import Target
 log = logging.getLogger("rtx_backend")
 
 Profile = dict[str, tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]]  # name -> min/opt/max
+EngineData = bytes | memoryview  # a serialized engine: read from a file, or the builder's own memory
 
 
 @dataclasses.dataclass(frozen=True)
 class BuiltEngine:
-    data: bytes
+    data: memoryview  # over the builder's IHostMemory, which it keeps alive: no copy of the engine
     targets: tuple[Target, ...] | None
     profile: Profile
     seconds: float
@@ -139,5 +140,5 @@ def build(
         raise BuildError(f"TensorRT-RTX build failed: {exc}; {'; '.join(errors)}") from exc
     if data is None:
         raise BuildError("TensorRT-RTX build failed: " + ("; ".join(errors) or "no message"))
-    return BuiltEngine(bytes(data), targets, profile, time.perf_counter() - start)
+    return BuiltEngine(memoryview(data).cast("B"), targets, profile, time.perf_counter() - start)
 

@@ -40,7 +40,7 @@ import numpy as np
 import torch
 
 from . import _files, _stats, _targets, _trt
-from ._engine import Profile
+from ._engine import EngineData, Profile
 from ._onnx_bridge import OnnxRegion, TensorSpec
 from ._onnx_model import OnnxModel, as_bytes
 from ._options import Options
@@ -60,7 +60,7 @@ class Entry:
     """What a hit gives back: everything compile_region would otherwise export and build."""
 
     region: OnnxRegion
-    engine: bytes
+    engine: EngineData
     profile: Profile
 
 
@@ -405,7 +405,7 @@ def decode(data: bytes, key: Key) -> Entry:
         view = memoryview(data)
         if hashlib.sha256(view[onnx_at:engine_at]).hexdigest() != header["onnx"]["sha256"]:
             raise CorruptEntry("ONNX checksum mismatch")
-        engine = data[engine_at:]
+        engine = view[engine_at:]  # no copy of the engine
         if hashlib.sha256(engine).hexdigest() != header["engine"]["sha256"]:
             raise CorruptEntry("engine checksum mismatch")
         source = _onnx_source(data, onnx_at, engine_at, header["onnx"])

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from . import _runtime_cache, _trt
+from ._engine import EngineData
 from ._errors import CudaGraphError, RtxBackendError, RuntimeUnavailableError
 from ._onnx_bridge import OnnxRegion
 from ._options import Options
@@ -86,7 +87,7 @@ def stream_capturing() -> bool:
     return torch._C._cuda_isCurrentStreamCapturing()  # type: ignore[no-any-return]
 
 
-def deserialize(engine_bytes: bytes) -> Any:
+def deserialize(engine_bytes: EngineData) -> Any:
     """The engine on this GPU, or raise RuntimeUnavailableError saying why it cannot run here."""
     if not torch.cuda.is_available():
         raise RuntimeUnavailableError("no usable CUDA GPU")
@@ -138,7 +139,7 @@ class TrtExecutor:
 
     kind = "tensorrt_rtx"
 
-    def __init__(self, engine_bytes: bytes, region: OnnxRegion, options: Options, name: str = "region") -> None:
+    def __init__(self, engine_bytes: EngineData, region: OnnxRegion, options: Options, name: str = "region") -> None:
         self.runtime, self.engine = deserialize(engine_bytes)
         self.name = name
         self.region = region

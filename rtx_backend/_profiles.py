@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from . import _stats
-from ._engine import Profile
+from ._engine import EngineData, Profile
 from ._errors import RtxBackendError
 from ._onnx_bridge import TensorSpec
 from ._options import Options
@@ -156,13 +156,13 @@ class EngineProfile:
     PyTorch.
     """
 
-    def __init__(self, profile: Profile, build: Callable[[Profile], bytes]) -> None:
+    def __init__(self, profile: Profile, build: Callable[[Profile], EngineData]) -> None:
         self.profile = profile
         self.build = build
         self.failure: RtxBackendError | None = None
         self.lock = threading.Lock()
 
-    def fit(self, shapes: Mapping[str, tuple[int, ...]], install: Callable[[bytes], None]) -> bool:
+    def fit(self, shapes: Mapping[str, tuple[int, ...]], install: Callable[[EngineData], None]) -> bool:
         """Make the engine cover `shapes`: when they fall outside the profile, build the engine
         for a widened profile and `install` it. Returns whether a new engine was installed;
         raises RtxBackendError when none could be built or installed.

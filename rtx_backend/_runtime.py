@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from ._engine import EngineData
 from ._errors import CudaGraphError, RtxBackendError
 from ._executors import OrtExecutor, TorchExecutor, TrtExecutor
 from ._onnx_bridge import OnnxRegion
@@ -30,7 +31,7 @@ class RegionModule(torch.nn.Module):
         name: str,
         graph: torch.fx.GraphModule,
         onnx_region: OnnxRegion | None,
-        engine: bytes | None,
+        engine: EngineData | None,
         executor: TrtExecutor | OrtExecutor | TorchExecutor,
         *,
         validate: bool = True,
@@ -112,7 +113,7 @@ class RegionModule(torch.nn.Module):
             return not isinstance(self.executor, TrtExecutor)
         return True
 
-    def _install_engine(self, engine: bytes) -> None:
+    def _install_engine(self, engine: EngineData) -> None:
         """Swap in an engine built for a wider profile (a new TensorRT-RTX context for it)."""
         if isinstance(self.executor, TrtExecutor):
             old = self.executor

@@ -19,7 +19,7 @@ from rtx_backend._engine_cache import EngineCache, Entry, Key
 from rtx_backend._onnx_bridge import OnnxRegion, TensorSpec
 from rtx_backend._options import Options
 
-from .helpers import compile_and_run
+from .helpers import compile_and_run, regions
 from .models import MLP, eval_model
 
 SM86 = [(8, 6)]
@@ -255,6 +255,20 @@ def test_hit_skips_export_and_build(monkeypatch):
     torch.testing.assert_close(y, model(x), atol=1e-5, rtol=1e-5)
     assert rtx_backend.stats()["engine_cache_hits"] == 1
     assert rtx_backend.stats().get("engine_builds", 0) == 0
+
+
+def test_engines_are_not_copied_from_the_builder_or_out_of_a_hit():
+    model = eval_model(MLP())
+    x = torch.randn(4, 16)
+    compile_and_run(model, x, min_block_size=1, target_compute_capabilities=SM86)
+    (built,) = regions()
+    assert isinstance(built.engine, memoryview) and type(built.engine.obj).__name__ == "IHostMemory"
+    torch._dynamo.reset()
+    compile_and_run(model, x, min_block_size=1, target_compute_capabilities=SM86)
+    (hit,) = regions()
+    assert rtx_backend.stats()["engine_cache_hits"] == 1
+    assert isinstance(hit.engine, memoryview) and isinstance(hit.engine.obj, bytes)  # the file's data
+    assert hit.engine == built.engine and len(hit.engine) < len(hit.engine.obj)
 
 
 def test_disabled_cache_writes_nothing(tmp_path):
