@@ -514,15 +514,17 @@ def _pipeline_fingerprint() -> str:
     The key is computed before export, so an edited bridge must not be served old engines,
     even when the package version did not change (development, installs from a branch).
     """
-    from . import _engine, _onnx_bridge, _onnx_model, _profiles, _screen
-
     h = hashlib.sha256()
-    for module in (_onnx_bridge, _onnx_model, _screen, _profiles, _engine):
+    for name in PIPELINE_MODULES:
         try:
-            h.update(Path(str(module.__file__)).read_bytes().replace(b"\r\n", b"\n"))
+            h.update(Path(__file__).with_name(f"{name}.py").read_bytes().replace(b"\r\n", b"\n"))
         except OSError:
-            h.update(module.__name__.encode())
+            h.update(name.encode())
     return h.hexdigest()
+
+
+# the modules whose code decides what engine a region graph becomes
+PIPELINE_MODULES = ("_onnx_bridge", "_registry", "_onnx_rewrite", "_onnx_model", "_screen", "_profiles", "_engine")
 
 
 def _version(distribution: str) -> str:

@@ -550,3 +550,13 @@ def test_graph_digest_hashes_constants_in_parallel_to_the_same_key(monkeypatch):
         no_data = _engine_cache.graph_digest(torch.fx.symbolic_trace(_TwoConstants(a, torch.empty(16, device="meta"))))
         assert no_data is None  # not cacheable, in the pool as in the serial loop
     assert digests[1 << 62] == digests[0] is not None
+
+
+def test_the_pipeline_fingerprint_reads_every_module_that_shapes_an_engine():
+    from pathlib import Path
+
+    from rtx_backend import _engine_cache
+
+    package = Path(_engine_cache.__file__).parent
+    assert all((package / f"{name}.py").is_file() for name in _engine_cache.PIPELINE_MODULES)
+    assert {"_onnx_bridge", "_onnx_rewrite", "_registry", "_engine"} <= set(_engine_cache.PIPELINE_MODULES)
