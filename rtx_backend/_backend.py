@@ -16,14 +16,17 @@ from typing import Any
 
 import torch
 
-from . import _stats, _targets, _trt
+from . import _engine_cache, _stats, _targets, _trt
 from ._dump import dump_region
 from ._engine import EngineData, Network, Profile, build, parse_network
 from ._engine_cache import EngineCache, Validation
 from ._engine_cache import Entry as CacheEntry
+from ._engine_cache import Key as CacheKey
 from ._errors import BuildError, RegionRefused, RtxBackendError, RuntimeUnavailableError
 from ._executors import OrtExecutor, TorchExecutor, TrtExecutor
-from ._lowering import lower, needs_autograd
+from ._graph_cache import Entry as GraphEntry
+from ._graph_cache import GraphCache, RegionRef, graph_key, shape_state
+from ._lowering import is_weight, lower, needs_autograd, without_autocast
 from ._onnx_bridge import OnnxRegion, export_region, input_specs
 from ._onnx_model import OnnxModel
 from ._options import Options
@@ -32,7 +35,7 @@ from ._policy import CapabilitySupport, Reason
 from ._profiles import EngineProfile, make_profile, symbol_overrides
 from ._progress import build_progress
 from ._record import CompiledGraph, record
-from ._runtime import RegionModule
+from ._runtime import RegionModule, region_device
 from ._screen import check_region
 
 log = logging.getLogger("rtx_backend")
@@ -52,8 +55,8 @@ def trtrtx(
         )
         return gm.forward
     try:
-        overrides = symbol_overrides(gm, opts)  # the option names model inputs: map it on Dynamo's graph
-        return lower(gm, example_inputs, lambda aten_gm, args: compile_graph(aten_gm, args, opts, overrides))
+        with _engine_cache.digest_scope():  # weights are hashed once: for the graph key and the engine keys
+            return compile_or_reuse(gm, example_inputs, opts)
     except torch._dynamo.exc.TorchDynamoException as exc:
         if isinstance(exc, torch._dynamo.exc.RestartAnalysis):
             # e.g. dynamic=True makes float attributes (LayerNorm eps) symbolic, then Dynamo
@@ -70,6 +73,75 @@ def trtrtx(
         return gm.forward
 
 
+def compile_or_reuse(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: Options) -> Callable[..., Any]:
+    """The compiled graph from the graph cache, else lowered and compiled (and then cached)."""
+    graphs = GraphCache.for_options(options)
+    key = graph_key(gm, example_inputs, options) if graphs is not None else None
+    if graphs is not None and key is not None:
+        reused = from_graph_cache(graphs, key, example_inputs, options)
+        if reused is not None:
+            return reused
+    overrides = symbol_overrides(gm, options)  # the option names model inputs: map it on Dynamo's graph
+    plans: list[PartitionPlan] = []
+    plain: list[bool] = []
+    shapes = shape_state()
+    fn = lower(gm, example_inputs, lambda aten_gm, args: compile_graph(aten_gm, args, options, overrides, plans.append),
+               on_plain=lambda: plain.append(True))
+    if graphs is not None and key is not None and plain and len(plans) == 1:
+        if shape_state() == shapes:
+            to_graph_cache(graphs, key, plans[0], example_inputs)
+        else:
+            log.debug("trtrtx: this graph is not cached: lowering it added guards on its symbolic sizes")
+    return fn
+
+
+def from_graph_cache(
+    graphs: GraphCache, key: CacheKey, example_inputs: Sequence[Any], options: Options
+) -> Callable[..., Any] | None:
+    """The compiled graph of a graph-cache entry, its regions made from their engine-cache
+    entries; None when there is none or it cannot be used (then the graph is compiled)."""
+    start = time.perf_counter()
+    entry = graphs.load(key, example_inputs)
+    engines = EngineCache.for_options(options)
+    if entry is None or engines is None:
+        return None
+    modules = []
+    try:
+        for ref in entry.regions:
+            hit = engines.load(ref.engine)
+            if hit is None:
+                return None
+            module = runtime_module(ref.name, entry.references[ref.name], hit.region, hit.engine, hit.profile,
+                                    Validation(engines, ref.engine), options, torch.device(ref.device))
+            setattr(entry.graph_module, ref.name, module)
+            modules.append(module)
+    except Exception as exc:  # an entry that cannot be rebuilt here: compile as if it were not there
+        log.warning("trtrtx: graph cache entry %s is unusable (%s: %s); compiling the graph again",
+                    key.name, type(exc).__name__, exc)
+        return None
+    gm = entry.graph_module
+    generate_code(gm)
+    seconds = time.perf_counter() - start
+    record(CompiledGraph(PartitionPlan(gm, [r.name for r in entry.regions], entry.reasons, entry.eager_ops),
+                         modules, seconds))
+    log.info("trtrtx: reused a compiled graph from the graph cache in %.2fs: %d region(s) %s, %d op(s) left in "
+             "PyTorch", seconds, len(modules), [m.kind for m in modules], len(entry.eager_ops))
+    return without_autocast(gm.forward)
+
+
+def to_graph_cache(graphs: GraphCache, key: CacheKey, plan: PartitionPlan, example_inputs: Sequence[Any]) -> None:
+    """Store the compiled graph when every region runs an engine from the engine cache (a region
+    that fell back to PyTorch may do better in another process)."""
+    modules = [getattr(plan.graph_module, n) for n in plan.regions]
+    if not all(isinstance(m, RegionModule) and m.engine_key is not None and not isinstance(m.executor, TorchExecutor)
+               for m in modules):
+        return
+    entry = GraphEntry(plan.graph_module, {m.name: m.graph_module for m in modules},
+                       [RegionRef(m.name, m.engine_key, str(m.device)) for m in modules], plan.reasons, plan.eager_ops)
+    weights = {i: t for i, t in enumerate(example_inputs) if is_weight(t)}
+    graphs.store_later(key, entry, weights)
+
+
 def plan_graph(
     aten_gm: torch.fx.GraphModule, options: Options, refused: dict[str, Reason] | None = None
 ) -> PartitionPlan:
@@ -84,9 +156,12 @@ def compile_graph(
     args: Sequence[Any],
     options: Options,
     overrides: dict[str, Any] | None = None,
+    on_plan: Callable[[PartitionPlan], None] | None = None,
 ) -> Callable[..., Any]:
     start, before = time.perf_counter(), _stats.stats()
     plan = compile_regions(aten_gm, overrides or {}, options)
+    if on_plan is not None:
+        on_plan(plan)
     gm = plan.graph_module
     modules = [getattr(gm, n) for n in plan.regions]
     generate_code(gm)
@@ -145,7 +220,8 @@ def compile_region(
         onnx_region, engine, profile, record = export_and_build(region_gm, overrides, options)
         if options.dump_onnx_dir:
             dump_region(name, onnx_region, options.dump_onnx_dir)
-        executor = choose_executor(name, onnx_region, engine, options, _device(reference))
+        device = region_device(reference)
+        executor = choose_executor(name, onnx_region, engine, options, device)
     except Exception as exc:  # a bug of ours or of a library must not break the user's model
         if isinstance(exc, RegionRefused):
             raise  # compile_regions partitions again without the refused nodes
@@ -157,6 +233,25 @@ def compile_region(
         log.warning("trtrtx: region %s runs in PyTorch: %s", name, error)
         log.debug("trtrtx: region %s failed", name, exc_info=exc)
         return RegionModule(name, reference, onnx_region, engine, TorchExecutor(reference))
+    return runtime_module(name, reference, onnx_region, engine, profile, record, options, device, executor)
+
+
+def runtime_module(
+    name: str,
+    reference: torch.fx.GraphModule,
+    onnx_region: OnnxRegion,
+    engine: EngineData | None,
+    profile: Profile,
+    record: Validation | None,
+    options: Options,
+    device: torch.device,
+    executor: TrtExecutor | OrtExecutor | None = None,
+) -> RegionModule:
+    """The runtime module of a region whose model and engine are at hand: its executor (chosen
+    here unless given), the profile widener, and first-call validation unless this GPU has
+    validated the engine-cache entry's engine before."""
+    if executor is None:
+        executor = choose_executor(name, onnx_region, engine, options, device)
     widener = EngineProfile(profile, functools.partial(_build_for, onnx_region.source, options)) if profile else None
     validate, on_validated = options.validate, None
     if record is not None and isinstance(executor, TrtExecutor):
@@ -166,7 +261,8 @@ def compile_region(
             _stats.count("validations_skipped")
             log.info("trtrtx: region %s: its cached engine was validated on this GPU before; not checked again", name)
     return RegionModule(name, reference, onnx_region, engine, executor, validate=validate, profile=widener,
-                        on_validated=on_validated)
+                        on_validated=on_validated, engine_key=record.key if record is not None else None,
+                        device=device)
 
 
 def export_and_build(
@@ -201,15 +297,6 @@ def _build_for(model: bytes | OnnxModel | Network, options: Options, profile: Pr
     """An engine for the region's model and a profile (also when a call fell outside the first one)."""
     with build_progress(options) as monitor:
         return build(model, options.target_compute_capabilities, profile, monitor=monitor).data
-
-
-def _device(region_gm: torch.fx.GraphModule) -> torch.device:
-    """Where the region's tensors live (its inputs', else its outputs')."""
-    for node in region_gm.graph.nodes:
-        val = node.meta.get("val")
-        if isinstance(val, torch.Tensor):
-            return val.device
-    return torch.device("cpu")
 
 
 def choose_executor(

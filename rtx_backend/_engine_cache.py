@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import contextvars
 import dataclasses
 import functools
 import hashlib
@@ -30,7 +31,7 @@ import logging
 import os
 import re
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -51,6 +52,7 @@ PARALLEL_HASH_BYTES = 64 << 20  # below this, a thread pool costs more than it s
 FORMAT = 2  # 2: in-memory models stored as skeleton and raw weights
 MAGIC = b"TRTRTX-ENGINE-CACHE\n"
 SUFFIX = ".engine"
+GRAPH_SUFFIX = ".graph"  # graph-cache entries (_graph_cache) share the directory and its size limit
 VALIDATED_SUFFIX = ".validated"  # beside an entry: the GPUs and drivers its engine was validated on
 _DEVICE = re.compile(r"device\(type='\w+'(, index=\d+)?\)")
 
@@ -152,17 +154,58 @@ def graph_digest(gm: torch.fx.GraphModule) -> str | None:
                 return None
             h.update(repr((node.target, str(value.dtype), tuple(value.shape))).encode())
             constants.append(value)
-    size = sum(c.numel() * c.element_size() for c in constants)
-    if size >= PARALLEL_HASH_BYTES and len(constants) > 1:
-        with concurrent.futures.ThreadPoolExecutor(min(len(constants), os.cpu_count() or 1, 8)) as pool:
-            digests = list(pool.map(_tensor_digest, constants))
-    else:
-        digests = [_tensor_digest(c) for c in constants]
+    digests = tensor_digests(constants)
     for digest in digests:
         if digest is None:
             return None
         h.update(digest)
     return h.hexdigest()
+
+
+def tensor_digests(tensors: Sequence[torch.Tensor], *, remember: bool = False) -> list[bytes | None]:
+    """SHA-256 of each tensor's bytes (None: no data), in parallel when they are large. Within a
+    `digest_scope`, digests known from earlier in the scope are reused, and `remember` adds these:
+    only for tensors that stay alive for the whole scope (Dynamo's inputs and the graph's
+    constants), so that no freed memory is mistaken for one of them. Nothing writes to weights
+    during a compile."""
+    known = _KNOWN.get()
+    places = [_memory(t) for t in tensors]
+    digests = [known.get(p) if known and p is not None else None for p in places]
+    todo = [t for t, d in zip(tensors, digests) if d is None]
+    if sum(t.numel() * t.element_size() for t in todo) >= PARALLEL_HASH_BYTES and len(todo) > 1:
+        with concurrent.futures.ThreadPoolExecutor(min(len(todo), os.cpu_count() or 1, 8)) as pool:
+            hashed = iter(list(pool.map(_tensor_digest, todo)))
+    else:
+        hashed = iter([_tensor_digest(t) for t in todo])
+    digests = [d if d is not None else next(hashed) for d in digests]
+    if remember and known is not None:
+        for place, digest in zip(places, digests):
+            if digest is not None and place is not None:
+                known[place] = digest
+    return digests
+
+
+_KNOWN: contextvars.ContextVar[dict[tuple[Any, ...], bytes] | None] = contextvars.ContextVar(
+    "rtx_backend_known_digests", default=None
+)
+
+
+@contextlib.contextmanager
+def digest_scope() -> Iterator[None]:
+    """A compile's scope in which remembered tensor digests are reused (see tensor_digests)."""
+    token = _KNOWN.set({})
+    try:
+        yield
+    finally:
+        _KNOWN.reset(token)
+
+
+def _memory(t: torch.Tensor) -> tuple[Any, ...] | None:
+    """Where a tensor's elements are: equal for two tensors that view the same elements."""
+    try:
+        return (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()), t.dtype, t.device)
+    except Exception:  # no storage (meta, fake, sparse)
+        return None
 
 
 def _tensor_digest(t: torch.Tensor) -> bytes | None:
@@ -331,7 +374,7 @@ class EngineCache:
         with filelock.FileLock(str(lock), timeout=_files.LOCK_TIMEOUT_S):
             _files.remove_stale_temps(self.directory)
             entries = []
-            for path in self.directory.glob(f"*{SUFFIX}"):
+            for path in (*self.directory.glob(f"*{SUFFIX}"), *self.directory.glob(f"*{GRAPH_SUFFIX}")):
                 with contextlib.suppress(OSError):
                     st = path.stat()
                     entries.append((st.st_mtime, st.st_size, path))

@@ -47,13 +47,17 @@ def is_weight(value: Any) -> bool:
 
 
 def lower(
-    gm: torch.fx.GraphModule, example_inputs: Sequence[Any], compile_inference: InferenceCompiler
+    gm: torch.fx.GraphModule,
+    example_inputs: Sequence[Any],
+    compile_inference: InferenceCompiler,
+    on_plain: Callable[[], None] | None = None,
 ) -> Callable[..., Any]:
     """Run aot_autograd for inference and hand the frozen ATen graph to `compile_inference`.
 
     The result is our compiled graph itself when aot_autograd has nothing to do around it at run
-    time (see `plain_calling_convention`): its runtime wrappers would cost every call several
-    microseconds for nothing. Otherwise it is aot_autograd's wrapped function.
+    time (see `plain_calling_convention`; `on_plain` is then called): its runtime wrappers would
+    cost every call several microseconds for nothing. Otherwise it is aot_autograd's wrapped
+    function.
     """
     weights = {i: t for i, t in enumerate(example_inputs) if is_weight(t)}
     compiled: list[tuple[Callable[..., Any], bool]] = []
@@ -76,11 +80,18 @@ def lower(
     )
     if len(compiled) != 1 or not compiled[0][1]:
         return wrapped  # type: ignore[no-any-return]
-    direct = compiled[0][0]
+    if on_plain is not None:
+        on_plain()
+    return without_autocast(compiled[0][0])
+
+
+def without_autocast(direct: Callable[..., Any]) -> Callable[..., Any]:
+    """`direct` run as aot_autograd's wrapper runs a graph: with autocast off."""
 
     def run(*args: Any) -> Any:
-        if torch._C._is_any_autocast_enabled():  # aot_autograd runs the graph with autocast off
-            return wrapped(*args)
+        if torch._C._is_any_autocast_enabled():
+            with torch._C._DisableAutocast():
+                return direct(*args)
         return direct(*args)
 
     return run

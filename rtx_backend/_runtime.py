@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from ._engine import EngineData
+from ._engine_cache import Key
 from ._errors import CudaGraphError, RtxBackendError
 from ._executors import OrtExecutor, TorchExecutor, TrtExecutor
 from ._onnx_bridge import OnnxRegion
@@ -37,6 +38,8 @@ class RegionModule(torch.nn.Module):
         validate: bool = True,
         profile: EngineProfile | None = None,
         on_validated: Callable[[], None] | None = None,
+        engine_key: Key | None = None,
+        device: torch.device | None = None,
     ) -> None:
         super().__init__()
         self.name = name
@@ -55,6 +58,8 @@ class RegionModule(torch.nn.Module):
         self.widen_failed = False
         self.capture_fallback_said = False
         self.fitted_shapes: tuple[torch.Size, ...] | None = None  # the last input shapes the executor takes
+        self.engine_key = engine_key  # the engine-cache entry of `engine` (a graph-cache entry names it)
+        self.device = device or region_device(graph)  # given where the graph has lost its metadata
 
     @property
     def kind(self) -> str:
@@ -122,3 +127,12 @@ class RegionModule(torch.nn.Module):
 
     def extra_repr(self) -> str:
         return f"{self.name}: {self.kind}"
+
+
+def region_device(region_gm: torch.fx.GraphModule) -> torch.device:
+    """Where the region's tensors live (its inputs', else its outputs')."""
+    for node in region_gm.graph.nodes:
+        val = node.meta.get("val")
+        if isinstance(val, torch.Tensor):
+            return val.device
+    return torch.device("cpu")
