@@ -106,7 +106,7 @@ def refusing_gpu(monkeypatch):
 
     # torch.cuda itself stays as it is (Dynamo reads it); our code asks _targets and _executors
     monkeypatch.setattr(_targets, "current_capability", lambda: (8, 6))
-    monkeypatch.setattr(_backend, "_device", lambda gm: torch.device("cuda", 0))
+    monkeypatch.setattr(_backend, "region_device", lambda gm: torch.device("cuda", 0))
     monkeypatch.setattr(_executors, "deserialize", deserialize)
     return calls
 
@@ -122,7 +122,7 @@ def test_gpu_refused_by_tensorrt_rtx(refusing_gpu, caplog, runtime):
 
 def test_gpu_not_among_the_declared_targets(monkeypatch, caplog):
     monkeypatch.setattr(_targets, "current_capability", lambda: (8, 9))
-    monkeypatch.setattr(_backend, "_device", lambda gm: torch.device("cuda", 0))
+    monkeypatch.setattr(_backend, "region_device", lambda gm: torch.device("cuda", 0))
     _check_runtime_behaviour(caplog, "auto", "add (8, 9) to target_compute_capabilities",
                              target_compute_capabilities=SM86)
 
