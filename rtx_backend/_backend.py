@@ -252,7 +252,8 @@ def runtime_module(
     validated the engine-cache entry's engine before."""
     if executor is None:
         executor = choose_executor(name, onnx_region, engine, options, device)
-    widener = EngineProfile(profile, functools.partial(_build_for, onnx_region.source, options)) if profile else None
+    base = record.key if record is not None else None
+    widener = EngineProfile(profile, functools.partial(_widened_engine, onnx_region, options, base)) if profile else None
     validate, on_validated = options.validate, None
     if record is not None and isinstance(executor, TrtExecutor):
         on_validated = record.mark
@@ -291,6 +292,23 @@ def export_and_build(
         cache.store_later(key, CacheEntry(onnx_region, engine, profile))
         return onnx_region, engine, profile, Validation(cache, key)
     return onnx_region, engine, profile, None
+
+
+def _widened_engine(onnx_region: OnnxRegion, options: Options, base: CacheKey | None, profile: Profile) -> EngineData:
+    """The engine of a region for a widened profile: from the engine cache (under the key of the
+    region's first engine with this profile) or built and stored there."""
+    cache = EngineCache.for_options(options) if base is not None else None
+    key = _engine_cache.with_profile(base, profile) if base is not None else None
+    if cache is not None and key is not None:
+        hit = cache.load(key, onnx_region.inputs)
+        if hit is not None:
+            return hit.engine
+    engine = _build_for(onnx_region.source, options, profile)
+    _stats.count("engine_builds")
+    _stats.count("engine_rebuilds")
+    if cache is not None and key is not None:
+        cache.store_later(key, CacheEntry(onnx_region, engine, profile))
+    return engine
 
 
 def _build_for(model: bytes | OnnxModel | Network, options: Options, profile: Profile) -> EngineData:

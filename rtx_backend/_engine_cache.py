@@ -219,7 +219,7 @@ def key_fields(digest: str, profile: Profile, options: Options) -> dict[str, Any
     return {
         "format": FORMAT,
         "graph": digest,
-        "profile": {name: [list(lo), list(opt), list(hi)] for name, (lo, opt, hi) in sorted(profile.items())},
+        "profile": _profile_fields(profile),
         "targets": [list(t) for t in targets] if targets is not None else {"current": current_gpu()},
         "tensorrt_rtx": _trt.version(),
         "software": {
@@ -230,6 +230,16 @@ def key_fields(digest: str, profile: Profile, options: Options) -> dict[str, Any
         },
         "options": options.cache_key_fields(),
     }
+
+
+def _profile_fields(profile: Profile) -> dict[str, Any]:
+    return {name: [list(lo), list(opt), list(hi)] for name, (lo, opt, hi) in sorted(profile.items())}
+
+
+def with_profile(key: Key, profile: Profile) -> Key:
+    """The key of the same region's engine for another optimization profile (a widened one)."""
+    fields = {**key.fields, "profile": _profile_fields(profile)}
+    return Key(make_key(fields), fields)
 
 
 def make_key(fields: dict[str, Any]) -> str:

@@ -75,7 +75,16 @@ class Entry:
 
 def graph_key(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: Options) -> Key | None:
     """The key of Dynamo's graph `gm` with these inputs; None when it cannot be cached (a
-    submodule call, an input or constant whose content or spec cannot be described)."""
+    submodule call, an input or constant whose content or spec cannot be described, anything
+    unexpected: the graph is then compiled as without the cache)."""
+    try:
+        return _graph_key(gm, example_inputs, options)
+    except Exception as exc:
+        log.debug("trtrtx: no graph cache key for this graph: %s", exc, exc_info=exc)
+        return None
+
+
+def _graph_key(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: Options) -> Key | None:
     h = hashlib.sha256(gm.code.encode())
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     if len(placeholders) != len(example_inputs):
@@ -161,12 +170,16 @@ def shape_state() -> Any:
     """What the compile may add to Dynamo's knowledge of the symbolic sizes (guards, replacements,
     ranges, runtime asserts). Dynamo guards the compiled graph on it; a hit skips the lowering that
     would have added it, so a compile that changed it is not stored."""
-    context = torch._guards.TracingContext.try_get()
-    env = getattr(getattr(context, "fake_mode", None), "shape_env", None)
-    if env is None:
-        return None
-    return (len(env.guards), dict(env.replacements), dict(env.var_to_range),
-            sum(len(v) for v in env.deferred_runtime_asserts.values()))
+    try:
+        context = torch._guards.TracingContext.try_get()
+        env = getattr(getattr(context, "fake_mode", None), "shape_env", None)
+        if env is None:
+            return None
+        return (len(env.guards), dict(env.replacements), dict(env.var_to_range),
+                sum(len(v) for v in env.deferred_runtime_asserts.values()))
+    except Exception as exc:  # a ShapeEnv without these attributes: nothing can be compared
+        log.debug("trtrtx: cannot read the symbolic sizes' state: %s", exc)
+        return object()  # equal to nothing: the graph is not stored
 
 
 def _modes() -> dict[str, Any]:
@@ -355,8 +368,8 @@ class GraphCache:
         engine entries that this compile submitted, which it names."""
         try:
             chunks = encode(key, entry, weights)
-        except (TypeError, AttributeError, pickle.PicklingError, RecursionError) as exc:
-            log.info("trtrtx: this graph is not cached (%s)", exc)
+        except Exception as exc:  # what pickle cannot store (an op or constant of an unusual kind)
+            log.info("trtrtx: this graph is not cached (%s: %s)", type(exc).__name__, exc)
             return
         _engine_cache.write_behind(key, self._write, key, chunks)
 

@@ -151,7 +151,8 @@ class EngineProfile:
     """The profile of a region's engine, and the way to build the engine for a wider one.
 
     `build` turns a profile into serialized engine bytes (raising BuildError); the backend gives
-    one bound to the region's ONNX model and targets. A widened build that fails is not retried:
+    one bound to the region's ONNX model and targets, which takes the engine from the engine
+    cache when a process widened the same region's profile the same way before. A widened build that fails is not retried:
     later calls outside the profile get the same error at once, and the region runs them in
     PyTorch.
     """
@@ -180,13 +181,12 @@ class EngineProfile:
             wider = widen(self.profile, shapes)
             log.warning(
                 "trtrtx: input shapes %s fall outside the engine's optimization profile %s; "
-                "building an engine for %s (set the dynamic_shapes option to avoid this)",
+                "an engine for %s replaces it (set the dynamic_shapes option to avoid this)",
                 dict(shapes), _describe(self.profile), _describe(wider),
             )
             try:
                 engine = self.build(wider)
-                _stats.count("engine_builds")
-                _stats.count("engine_rebuilds")
+                _stats.count("profile_widenings")
                 install(engine)
             except RtxBackendError as exc:
                 self.failure = exc

@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 import rtx_backend
-from rtx_backend import _engine, _trt
+from rtx_backend import _engine, _engine_cache, _trt
 from rtx_backend._errors import BuildError
 from rtx_backend._executors import TrtExecutor
 from rtx_backend._onnx_bridge import OnnxRegion, TensorSpec, export_region
@@ -252,6 +252,32 @@ def test_shape_outside_profile_triggers_exactly_one_widened_build():
     lo, _opt, hi = region.profile.profile["input_0"]
     assert lo[1] == 8 and hi[1] == 128
     assert region.kind == "onnxruntime"
+
+
+def test_widened_engine_is_cached_for_later_processes(tmp_path):
+    """A later process (a fresh Dynamo) that meets the same shape outside the first profile loads
+    the widened engine from the engine cache instead of building it again."""
+    model = seq_mlp()
+    options = {"engine_cache_dir": str(tmp_path / "engines"), "min_block_size": 1,
+               "target_compute_capabilities": SM86, "dynamic_shapes": {0: {1: (8, 16, 64)}}}
+
+    def run() -> dict:
+        torch._dynamo.reset()
+        rtx_backend.reset_stats()
+        compiled = torch.compile(model, backend="trtrtx", dynamic=True, options=options)
+        with torch.no_grad():
+            for b, s in [(2, 12), (2, 100), (3, 16)]:
+                x = torch.randn(b, s, 16)
+                torch.testing.assert_close(compiled(x), model(x), atol=1e-4, rtol=1e-4)
+        _engine_cache.flush()
+        return rtx_backend.stats()
+
+    first = run()
+    assert first["engine_builds"] == 2 and first["engine_rebuilds"] == 1 and first["profile_widenings"] == 1
+    assert len(list((tmp_path / "engines").glob("*.engine"))) == 2
+    again = run()
+    assert "engine_builds" not in again and "engine_rebuilds" not in again
+    assert again["profile_widenings"] == 1 and again["engine_cache_hits"] == 2
 
 
 def test_region_runs_out_of_profile_call_in_pytorch_when_tensorrt_cannot_widen(caplog):
