@@ -432,26 +432,42 @@ def encode(key: Key, entry: Entry) -> list[Any]:
         "onnx": {"size": sum(len(c) for c in chunks), "sha256": digest.hexdigest(), **onnx_meta},
         "engine": {"size": len(engine), "sha256": hashlib.sha256(engine).hexdigest()},
     }
-    header["header_sha256"] = _header_digest(header)  # the region metadata and profile are served too
+    return [*framed_header(MAGIC, header), *chunks, engine]  # the region metadata and profile are served too
+
+
+def framed_header(magic: bytes, header: dict[str, Any]) -> list[bytes]:
+    """A cache file's first chunks: magic, the header's length (8 bytes, little endian), the JSON
+    header with its own SHA-256 (it is served as well as the payload)."""
+    header["header_sha256"] = _header_digest(header)
     head = json.dumps(header, sort_keys=True).encode()
-    return [MAGIC, len(head).to_bytes(8, "little"), head, *chunks, engine]
+    return [magic, len(head).to_bytes(8, "little"), head]
 
 
-def decode(data: bytes, key: Key) -> Entry:
-    """The entry in `data`; raises CorruptEntry naming the first check that failed."""
-    start = len(MAGIC) + 8
-    if len(data) < start or not data.startswith(MAGIC):
-        raise CorruptEntry("not an engine cache entry (truncated or foreign)")
-    head_len = int.from_bytes(data[len(MAGIC):start], "little")
+def read_header(data: bytes, magic: bytes, key: Key, file_format: int) -> tuple[dict[str, Any], int]:
+    """The checked header of a cache file written for `key`, and where its payload starts."""
+    start = len(magic) + 8
+    if len(data) < start or not data.startswith(magic):
+        raise CorruptEntry("not a cache entry of this kind (truncated or foreign)")
+    head_len = int.from_bytes(data[len(magic):start], "little")
     if start + head_len > len(data):
         raise CorruptEntry("truncated header")
     try:
         header = json.loads(data[start:start + head_len])
         if header.pop("header_sha256", None) != _header_digest(header):
             raise CorruptEntry("header checksum mismatch")
-        if header["format"] != FORMAT or header["key"] != key.name or header["fields"] != key.fields:
+        if header["format"] != file_format or header["key"] != key.name or header["fields"] != key.fields:
             raise CorruptEntry("written for another key or format")
-        onnx_at = start + head_len
+    except CorruptEntry:
+        raise
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:  # JSONDecodeError is a ValueError
+        raise CorruptEntry(f"unreadable header ({type(exc).__name__}: {exc})") from exc
+    return header, start + head_len
+
+
+def decode(data: bytes, key: Key) -> Entry:
+    """The entry in `data`; raises CorruptEntry naming the first check that failed."""
+    header, onnx_at = read_header(data, MAGIC, key, FORMAT)
+    try:
         engine_at = onnx_at + int(header["onnx"]["size"])
         if engine_at + int(header["engine"]["size"]) != len(data):
             raise CorruptEntry("truncated or padded payload")

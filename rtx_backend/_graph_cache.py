@@ -29,7 +29,6 @@ import dataclasses
 import functools
 import hashlib
 import io
-import json
 import logging
 import pickle
 from collections.abc import Sequence
@@ -39,7 +38,7 @@ from typing import Any
 import torch
 
 from . import _engine_cache, _files, _stats, _trt
-from ._engine_cache import Key
+from ._engine_cache import CorruptEntry, Key
 from ._options import Options
 
 log = logging.getLogger("rtx_backend")
@@ -212,10 +211,6 @@ def _package_fingerprint() -> str:
 # ---- the entry ---------------------------------------------------------------------------------
 
 
-class CorruptEntry(Exception):
-    """A graph-cache file failed a check (internal: a warning and the full compile)."""
-
-
 def path_of(directory: Path, key: Key) -> Path:
     return directory / f"{key.name}{SUFFIX}"
 
@@ -240,24 +235,14 @@ def encode(key: Key, entry: Entry, weights: dict[int, torch.Tensor]) -> list[byt
                     for r in entry.regions],
         "payload": {"size": len(payload), "sha256": hashlib.sha256(payload).hexdigest()},
     }
-    header["header_sha256"] = _digest(header)
-    head = json.dumps(header, sort_keys=True).encode()
-    return [MAGIC, len(head).to_bytes(8, "little"), head, payload]
+    return [*_engine_cache.framed_header(MAGIC, header), payload]
 
 
 def decode(data: bytes, key: Key, example_inputs: Sequence[Any]) -> Entry:
     """The entry in `data`, its weights bound to `example_inputs`; raises CorruptEntry."""
-    start = len(MAGIC) + 8
-    if len(data) < start or not data.startswith(MAGIC):
-        raise CorruptEntry("not a graph cache entry (truncated or foreign)")
-    head_len = int.from_bytes(data[len(MAGIC):start], "little")
+    header, at = _engine_cache.read_header(data, MAGIC, key, FORMAT)
     try:
-        header = json.loads(data[start:start + head_len])
-        if header.pop("header_sha256", None) != _digest(header):
-            raise CorruptEntry("header checksum mismatch")
-        if header["format"] != FORMAT or header["key"] != key.name or header["fields"] != key.fields:
-            raise CorruptEntry("written for another key or format")
-        payload = memoryview(data)[start + head_len:]
+        payload = memoryview(data)[at:]
         if len(payload) != header["payload"]["size"] or hashlib.sha256(payload).hexdigest() != header["payload"]["sha256"]:
             raise CorruptEntry("payload truncated or damaged")
         regions = [RegionRef(r["name"], Key(r["engine"], r["engine_fields"]), r["device"]) for r in header["regions"]]
@@ -273,10 +258,6 @@ def decode(data: bytes, key: Key, example_inputs: Sequence[Any]) -> Entry:
     if not isinstance(entry.graph_module, torch.fx.GraphModule) or set(entry.references) != {r.name for r in regions}:
         raise CorruptEntry("its graph does not match its header")
     return entry
-
-
-def _digest(header: dict[str, Any]) -> str:
-    return hashlib.sha256(json.dumps(header, sort_keys=True).encode()).hexdigest()
 
 
 _NOT_STORED = ("_tracer_cls", "_tracer_extras", "meta")

@@ -184,9 +184,7 @@ def test_payload_that_unpickles_wrong_is_rejected(tmp_path, caplog):
     bad = pickle.dumps({"graph_module": None})
     header["payload"] = {"size": len(bad), "sha256": hashlib.sha256(bad).hexdigest()}
     header.pop("header_sha256")
-    header["header_sha256"] = _graph_cache._digest(header)
-    head = json.dumps(header, sort_keys=True).encode()
-    path.write_bytes(_graph_cache.MAGIC + len(head).to_bytes(8, "little") + head + bad)
+    path.write_bytes(b"".join([*_engine_cache.framed_header(_graph_cache.MAGIC, header), bad]))
     with caplog.at_level(logging.WARNING, logger="rtx_backend"):
         out = _again(model, x, _opts(tmp_path))
     assert "cannot be rebuilt" in caplog.text
