@@ -3,7 +3,8 @@ FP32 batch 256 by default: 268 MB of weights). As in the benchmark, Dynamo is wa
 another model, trtrtx is preloaded and the model runs eagerly once; then each listed
 configuration compiles under stage timers (one process, in order). With --peer, the same for
 Torch-TensorRT-RTX (backend "torch_tensorrt", C++ runtime, as in the benchmark), by its stages.
-    python bench/probes/compile_time.py [float16 1 float32 256 ...] [--profile] [--peer]"""
+--model=resnet50 (or resnet18) compiles that torchvision model instead.
+    python bench/probes/compile_time.py [float16 1 float32 256 ...] [--profile] [--peer] [--model=resnet50]"""
 
 from __future__ import annotations
 
@@ -38,8 +39,10 @@ def compile_once(dtype: torch.dtype, batch: int, profile: bool, peer: bool) -> N
     SECONDS.clear()
     torch._dynamo.reset()
     torch.manual_seed(0)
-    model = bench.mlp().eval().to(DEV, dtype).requires_grad_(False)
-    x = torch.randn(batch, 4096, device=DEV, dtype=dtype)
+    name = next((a.split("=", 1)[1] for a in sys.argv if a.startswith("--model=")), "mlp")
+    model = (bench.resnet(int(name[6:])) if name.startswith("resnet") else bench.mlp()).eval()
+    model = model.to(DEV, dtype).requires_grad_(False)
+    x = torch.randn(batch, *((3, 224, 224) if name.startswith("resnet") else (4096,)), device=DEV, dtype=dtype)
     with torch.inference_mode():
         model(x)  # eager first, as in the benchmark (cuBLAS is initialised by then)
     sync()
@@ -58,7 +61,7 @@ def compile_once(dtype: torch.dtype, batch: int, profile: bool, peer: bool) -> N
         if profile:
             profiler.disable()
     total = time.perf_counter() - start
-    print(f"{dtype} batch {batch}: first call {total:.2f} s; stages:",
+    print(f"{name} {dtype} batch {batch}: first call {total:.2f} s; stages:",
           {k: round(v, 3) for k, v in SECONDS.items()}, flush=True)
     if profile:
         text = io.StringIO()
@@ -77,6 +80,8 @@ def main() -> None:
         ("rtx_backend._backend", "compile_graph", "ours (compile_graph)"),
         ("rtx_backend._backend", "export_region", "export"), ("rtx_backend._backend", "parse_network", "parse"),
         ("rtx_backend._backend", "check_region", "screen"), ("rtx_backend._backend", "_build_for", "build"),
+        ("rtx_backend._backend", "graph_key", "graph cache key (hashes the weights)"),
+        ("rtx_backend._backend", "to_graph_cache", "graph cache store"),
         ("rtx_backend._engine_cache", "EngineCache.key", "cache key"),
         ("rtx_backend._engine_cache", "EngineCache.load", "cache load"),
         ("rtx_backend._executors", "TrtExecutor.__init__", "executor (deserialize, contexts)"),
