@@ -220,12 +220,14 @@ def _program(fn, *args: torch.Tensor) -> torch.export.ExportedProgram:
 @pytest.mark.parametrize("fn, skips, changes", [
     (lambda x: torch.relu(torch.ops.aten.addmm(x, x, x)), True, False),  # ops the registry translates
     (lambda x: (torch.ops.aten.t(x) * 2).sum(0, keepdim=True), True, False),
-    (lambda x: torch.ops.aten.reshape(x, (-1,)), False, True),  # composite: decomposed to view
+    # a getitem of a tuple output: the pass only adds an unused getitem of the other output
+    (lambda x: torch.ops.aten.max_pool2d_with_indices(x[None], [2, 2])[0], True, True),
+    (lambda x: torch.ops.aten.reshape(x, (-1,)), True, True),  # composite, decomposed to view; kept (see below)
     (lambda x: torch.ops.aten.add_(x.clone(), 1), False, True),  # in place: the pass functionalizes it
     (lambda x: torch.ops.aten.rsub(x, 1.0), False, True),  # the registry has no rsub: decomposed to sub
     (lambda x: torch.cond(x.sum() > 0, lambda y: y + 1, lambda y: y - 1, (x,)), False, None),  # subgraphs
 ])
-def test_already_decomposed_is_true_only_where_the_decomposition_pass_changes_nothing(fn, skips, changes):
+def test_already_decomposed_verdicts_against_what_the_pass_does(fn, skips, changes):
     from torch.onnx._internal.exporter import _fx_passes
 
     registry = _registry.lazy_registry()
@@ -245,8 +247,20 @@ def test_a_decomposed_region_is_translated_without_the_pass_and_as_the_public_ex
     ((lazy, reference),) = both  # the public exporter decomposes: same ONNX ops, same results
     assert [n.op_type for n in lazy.model_proto.graph.node] == [n.op_type for n in reference.model_proto.graph.node]
     _check_against_graph(gm, region)
-    export_region(_region(_seeded(ResNetish), torch.randn(2, 3, 16, 16)))  # a reshape: decomposed
+
+
+def test_a_region_with_a_reshape_skips_the_pass_and_exports_what_the_public_exporter_exports(both):
+    """The reshape that our lowering puts before a classifier stays a reshape: the exporter
+    translates it into the same ONNX Reshape as the view that the pass would make of it."""
+    rtx_backend.reset_stats()
+    gm = _region(_seeded(ResNetish), torch.randn(2, 3, 16, 16))
+    assert torch.ops.aten.reshape.default in {n.target for n in gm.graph.nodes}
+    region = export_region(gm)
     assert rtx_backend.stats()["exports_without_redecomposition"] == 1
+    ((lazy, reference),) = both
+    assert sorted(n.op_type for n in lazy.model_proto.graph.node) == sorted(n.op_type for n in reference.model_proto.graph.node)
+    assert "Reshape" in {n.op_type for n in lazy.model_proto.graph.node}
+    _check_against_graph(gm, region)
 
 
 def test_the_pass_is_skipped_only_in_the_exporting_thread(monkeypatch):
