@@ -31,20 +31,27 @@ def atomic_write(path: Path, chunks: Iterable[bytes], *, lock: Path | None = Non
     """Replace `path` by the concatenated chunks, under `lock` (default: `path` + ".lock")."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with filelock.FileLock(str(lock or lock_path(path)), timeout=LOCK_TIMEOUT_S):
-        fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=TEMP_SUFFIX)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                for chunk in chunks:
-                    f.write(chunk)
-                f.flush()
-                os.fsync(f.fileno())
-            os.chmod(temp, 0o644)  # mkstemp makes 0600; a shared cache directory must stay readable
-            os.replace(temp, path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(temp)
-            raise
-        remove_stale_temps(path.parent, name=path.name)  # what a writer killed mid-write left
+        replace(path, chunks)
+
+
+def replace(path: Path, chunks: Iterable[bytes]) -> None:
+    """Replace `path` by the concatenated chunks through a temp file and a rename; the caller
+    holds the file's lock (atomic_write takes it)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=TEMP_SUFFIX)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            for chunk in chunks:
+                f.write(chunk)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(temp, 0o644)  # mkstemp makes 0600; a shared cache directory must stay readable
+        os.replace(temp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temp)
+        raise
+    remove_stale_temps(path.parent, name=path.name)  # what a writer killed mid-write left
 
 
 def read_bytes(path: Path) -> bytes | None:

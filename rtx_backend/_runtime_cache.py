@@ -25,6 +25,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import filelock
+
 from . import _files, _stats, _trt
 from ._options import Options
 
@@ -78,7 +80,8 @@ class RuntimeCache:
         log.info("trtrtx: loaded the runtime cache %s (%d bytes)", self.path, len(data))
 
     def save(self) -> bool:
-        """Write the cache to its file when it changed; False (with one warning) when it cannot."""
+        """Write the cache to its file when it changed, merged with what other processes saved
+        there meanwhile; False (with one warning) when it cannot."""
         if self.path is None:
             return False
         if self.unread is not None:
@@ -86,22 +89,44 @@ class RuntimeCache:
                   "so it is not overwritten; the cache stays in memory")
             return False
         try:
-            with self.lock:
-                blob = self.cache.serialize()
-                data = bytes(blob) if blob is not None else b""
-            if not data:
-                return False
-            digest = hashlib.sha256(data).digest()
-            if digest == self.saved_digest:
-                return True
-            _files.atomic_write(self.path, [data])
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            # the file's lock, held from reading it to replacing it: no other save falls in between
+            with self.lock, filelock.FileLock(str(_files.lock_path(self.path)), timeout=_files.LOCK_TIMEOUT_S):
+                data, on_disk = self._merged()
+                if not data:
+                    return False
+                digest = hashlib.sha256(data).digest()
+                if digest != on_disk:
+                    _files.replace(self.path, [data])
         except Exception as exc:  # OSError, filelock.Timeout, a TensorRT-RTX error: never fatal
             _warn(f"trtrtx: could not save the runtime cache to {self.path} ({exc}); it stays in memory")
             return False
+        if digest != on_disk:
+            _stats.count("runtime_cache_saves")
+            log.debug("trtrtx: saved the runtime cache %s (%d bytes)", self.path, len(data))
         self.saved_digest = digest
-        _stats.count("runtime_cache_saves")
-        log.debug("trtrtx: saved the runtime cache %s (%d bytes)", self.path, len(data))
         return True
+
+    def _merged(self) -> tuple[bytes, bytes | None]:
+        """The cache's bytes, with the kernels of the file added when another process saved it
+        since this one last read or wrote it (TensorRT-RTX's deserialize adds to a cache:
+        `bench/probes/runtime_cache_merge.py`); and the SHA-256 of the file as it is."""
+        assert self.path is not None
+        current = _files.read_bytes(self.path)
+        on_disk = hashlib.sha256(current).digest() if current else None
+        if current and on_disk != self.saved_digest:
+            try:
+                merged = self.cache.deserialize(current) is not False
+            except Exception as exc:  # a binding that raises instead of returning False
+                log.debug("trtrtx: runtime cache deserialize raised %s", exc)
+                merged = False
+            if merged:
+                _stats.count("runtime_cache_merges")
+                log.debug("trtrtx: merged the kernels that another process saved in %s", self.path)
+            else:  # corrupt, or another version's: replaced by this process's cache
+                log.debug("trtrtx: the runtime cache file %s is not mergeable; replacing it", self.path)
+        blob = self.cache.serialize()
+        return (bytes(blob) if blob is not None else b""), on_disk
 
 
 def attach(config: Any, options: Options) -> RuntimeCache | None:

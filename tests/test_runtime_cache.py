@@ -28,7 +28,8 @@ GPU = ("NVIDIA GeForce RTX 3090", (8, 6))
 
 
 class FakeCache:
-    """Serializes to MAGIC + sha256 + kernels; deserialize rejects anything else, as TensorRT-RTX does."""
+    """Serializes to MAGIC + sha256 + kernels; deserialize rejects anything else and adds what it
+    reads to what the cache holds, as TensorRT-RTX does (kernels: "|"-separated names)."""
 
     MAGIC = b"FAKE-RTX-CACHE"
 
@@ -42,7 +43,8 @@ class FakeCache:
         head, digest, kernels = data[:14], data[14:46], data[46:]
         if head != self.MAGIC or hashlib.sha256(kernels).digest() != digest:
             return False
-        self.kernels = kernels
+        names = {k for k in (*self.kernels.split(b"|"), *kernels.split(b"|")) if k}
+        self.kernels = b"|".join(sorted(names))
         return True
 
 
@@ -127,6 +129,40 @@ def test_unchanged_cache_is_not_rewritten(tmp_path):
     entry.cache.kernels = b"k2"
     rtx_backend.save_runtime_cache()
     assert rtx_backend.stats()["runtime_cache_saves"] == 2
+
+
+def test_two_processes_saving_one_file_keep_both_processes_kernels(tmp_path, monkeypatch):
+    """Both started before either saved: the second save merges the first one's kernels in."""
+    path = tmp_path / "rc.bin"
+    _, first = _attach(runtime_cache_path=str(path))
+    _restart(monkeypatch)
+    _, second = _attach(runtime_cache_path=str(path))
+    first.cache.kernels = b"conv"
+    assert first.save()
+    second.cache.kernels = b"gemm"
+    assert second.save()
+    assert rtx_backend.stats()["runtime_cache_merges"] == 1
+    on_disk = FakeCache()
+    assert on_disk.deserialize(path.read_bytes()) and on_disk.kernels == b"conv|gemm"
+    assert first.save()  # the first process's next save keeps the second's kernels too
+    assert first.cache.kernels == b"conv|gemm"
+    on_disk = FakeCache()
+    assert on_disk.deserialize(path.read_bytes()) and on_disk.kernels == b"conv|gemm"
+    assert rtx_backend.stats()["runtime_cache_merges"] == 2
+
+
+def test_a_file_damaged_since_the_load_is_replaced_not_merged(tmp_path, caplog):
+    path = tmp_path / "rc.bin"
+    _, entry = _attach(runtime_cache_path=str(path))
+    entry.cache.kernels = b"mine"
+    assert entry.save()
+    path.write_bytes(b"garbage" * 10)
+    entry.cache.kernels = b"mine|more"
+    with caplog.at_level(logging.WARNING, logger="rtx_backend"):
+        assert entry.save()
+    assert not caplog.records and "runtime_cache_merges" not in rtx_backend.stats()
+    on_disk = FakeCache()
+    assert on_disk.deserialize(path.read_bytes()) and on_disk.kernels == b"mine|more"
 
 
 @pytest.mark.parametrize(
@@ -316,3 +352,50 @@ def test_gpu_save_runtime_cache_writes_the_default_file():
     assert default is not None and torch.cuda.get_device_name().split()[-1] in default.name
     assert rtx_backend.save_runtime_cache() == [default]
     assert default.stat().st_size > 0
+
+
+_SAVER = textwrap.dedent("""
+    import json, sys, time, torch, rtx_backend
+    from pathlib import Path
+    from rtx_backend import _runtime_cache
+    name, cache, sync = sys.argv[1], sys.argv[2], Path(sys.argv[3])
+    torch.manual_seed(0)
+    if name == "mlp":
+        model, x = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.GELU(), torch.nn.Linear(512, 64)), torch.randn(8, 256)
+    else:
+        model, x = torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3), torch.nn.ReLU(), torch.nn.Conv2d(16, 8, 3)), torch.randn(2, 3, 32, 32)
+    model = model.eval().cuda().half()
+    compiled = torch.compile(model, backend="trtrtx", options={"min_block_size": 1, "engine_cache_dir": "",
+                                                               "runtime_cache_path": cache})
+    with torch.no_grad():
+        compiled(x.cuda().half())
+    (sync / f"{name}.ready").touch()
+    while len(list(sync.glob("*.ready"))) < 2:  # both loaded the (missing) file before either saves
+        time.sleep(0.05)
+    if name == "conv":
+        while not (sync / "mlp.saved").exists():
+            time.sleep(0.05)
+    (entry,) = _runtime_cache._CACHES.values()
+    own = len(bytes(entry.cache.serialize()))
+    rtx_backend.save_runtime_cache()
+    (sync / f"{name}.saved").touch()
+    print(json.dumps({"own": own, "file": Path(cache).stat().st_size, "stats": rtx_backend.stats()}))
+""")
+
+
+@pytest.mark.gpu
+def test_gpu_two_processes_saving_one_runtime_cache_keep_both(tmp_path):
+    cache, sync = tmp_path / "runtime.bin", tmp_path / "sync"
+    sync.mkdir()
+    procs = {name: subprocess.Popen([sys.executable, "-c", _SAVER, name, str(cache), str(sync)],
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for name in ("mlp", "conv")}
+    out = {}
+    for name, proc in procs.items():
+        stdout, stderr = proc.communicate(timeout=300)
+        assert proc.returncode == 0, stderr[-3000:]
+        out[name] = json.loads(stdout.strip().splitlines()[-1])
+    print("runtime cache merge:", out)
+    assert out["conv"]["stats"]["runtime_cache_merges"] == 1
+    assert out["conv"]["file"] > max(out["mlp"]["own"], out["conv"]["own"])
+    assert out["conv"]["file"] >= 0.9 * (out["mlp"]["own"] + out["conv"]["own"])
