@@ -84,7 +84,7 @@ def compile_or_reuse(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], op
     overrides = symbol_overrides(gm, options)  # the option names model inputs: map it on Dynamo's graph
     plans: list[PartitionPlan] = []
     plain: list[bool] = []
-    shapes = shape_state()
+    shapes = shape_state() if graphs is not None and key is not None else None
     fn = lower(gm, example_inputs, lambda aten_gm, args: compile_graph(aten_gm, args, options, overrides, plans.append),
                on_plain=lambda: plain.append(True))
     if graphs is not None and key is not None and plain and len(plans) == 1:

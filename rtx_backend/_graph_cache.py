@@ -37,9 +37,11 @@ from typing import Any
 
 import torch
 
-from . import _engine_cache, _files, _stats, _trt
+from . import _engine_cache, _files, _stats, _targets, _trt
 from ._engine_cache import CorruptEntry, Key
+from ._lowering import is_weight
 from ._options import Options
+from ._runtime import RegionModule
 
 log = logging.getLogger("rtx_backend")
 
@@ -94,7 +96,7 @@ def _graph_key(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options:
         if spec is None:
             return None
         h.update(repr(spec).encode())
-        if _is_weight(value):
+        if is_weight(value):
             weights.append(value)
     for node in gm.graph.nodes:
         if node.op == "call_module":
@@ -124,12 +126,6 @@ def _graph_key(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options:
     return Key(_engine_cache.make_key(fields), fields)
 
 
-def _is_weight(value: Any) -> bool:
-    from ._lowering import is_weight
-
-    return is_weight(value)
-
-
 def _input_spec(example: Any, value: Any) -> Any:
     """What the compiled graph depends on in one input: for a tensor its real and symbolic shapes
     (with the symbols' ranges: the engine profiles come from them), strides, dtype, device and
@@ -138,7 +134,7 @@ def _input_spec(example: Any, value: Any) -> Any:
         if not isinstance(example, torch.Tensor):
             return None
         symbolic = [_sym(s) for s in (*example.shape, *example.stride(), example.storage_offset())]
-        return ("tensor", str(value.dtype), str(value.device), str(value.layout), symbolic, _is_weight(value),
+        return ("tensor", str(value.dtype), str(value.device), str(value.layout), symbolic, is_weight(value),
                 value.requires_grad)
     if isinstance(value, torch.SymInt):
         return ("symint", _sym(value))
@@ -279,8 +275,6 @@ class _Pickler(pickle.Pickler):
         return rebuild, (body, import_block)
 
     def persistent_id(self, obj: Any) -> Any:
-        from ._runtime import RegionModule
-
         if isinstance(obj, RegionModule):
             if obj.name not in self.regions:
                 raise pickle.PicklingError(f"region {obj.name} has no engine-cache entry")
@@ -319,8 +313,6 @@ class GraphCache:
     def for_options(cls, options: Options) -> GraphCache | None:
         """None where regions do not come from the engine cache (no cache, ONNX Runtime only, no
         engines buildable here) or the graph must be exported anyway (dump_onnx_dir)."""
-        from . import _targets
-
         directory = options.engine_cache_path
         if directory is None or options.dump_onnx_dir or options.runtime == "onnxruntime":
             return None
