@@ -36,8 +36,7 @@ def atomic_write(path: Path, chunks: Iterable[bytes], *, lock: Path | None = Non
 
 def replace(path: Path, chunks: Iterable[bytes]) -> None:
     """Replace `path` by the concatenated chunks through a temp file and a rename; the caller
-    holds the file's lock (atomic_write takes it)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    holds the file's lock (atomic_write takes it), so its directory exists."""
     fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=TEMP_SUFFIX)
     try:
         with os.fdopen(fd, "wb") as f:
