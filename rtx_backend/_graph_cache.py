@@ -30,6 +30,7 @@ import functools
 import hashlib
 import io
 import logging
+import os
 import pickle
 from collections.abc import Sequence
 from pathlib import Path
@@ -334,6 +335,9 @@ class GraphCache:
                 log.debug("trtrtx: graph cache entry %s: the engines of %s are gone; compiling again", path.name, missing)
                 entry = None
         _stats.count("graph_cache_hits" if entry is not None else "graph_cache_misses")
+        if entry is not None:
+            with contextlib.suppress(OSError):
+                os.utime(path)  # least recently used = oldest mtime, as for engine entries
         return entry
 
     def store_later(self, key: Key, entry: Entry, weights: dict[int, torch.Tensor]) -> None:

@@ -84,6 +84,17 @@ def test_weights_are_references_not_copies(tmp_path):
     assert {p.data_ptr() for p in model.parameters()} <= frozen  # the model's own weights, bound again
 
 
+def test_a_hit_marks_the_entry_recently_used(tmp_path):
+    """Eviction takes the least recently used files first: a hit refreshes the graph entry's
+    modification time, as one refreshes an engine's."""
+    model, x = eval_model(MLP()), torch.randn(2, 16)
+    compile_and_run(model, x, **_opts(tmp_path))
+    (path,) = _files(tmp_path, ".graph")
+    os.utime(path, (1_000_000, 1_000_000))
+    _again(model, x, _opts(tmp_path))
+    assert rtx_backend.stats()["graph_cache_hits"] == 1 and path.stat().st_mtime > 1_000_000
+
+
 def test_eager_ops_and_reasons_are_kept(tmp_path):
     model, x = eval_model(WithEagerOp()), torch.randn(3, 16)
     options = _opts(tmp_path, torch_executed_ops=["aten.sigmoid.default"])
