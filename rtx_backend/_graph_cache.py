@@ -128,9 +128,10 @@ def _graph_key(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options:
 
 
 def _input_spec(example: Any, value: Any) -> Any:
-    """What the compiled graph depends on in one input: for a tensor its real and symbolic shapes
-    (with the symbols' ranges: the engine profiles come from them), strides, dtype, device and
-    whether it is a weight; for a SymInt its expression, hint and range; other values as they are."""
+    """What the compiled graph depends on in one input: for a tensor its sizes, strides and
+    offset as Dynamo traced them (ints, or symbolic sizes with their ranges: see `_sym`), dtype,
+    device, layout and whether it is a weight; for a SymInt its expression and range; other
+    values as they are."""
     if isinstance(value, torch.Tensor):
         if not isinstance(example, torch.Tensor):
             return None

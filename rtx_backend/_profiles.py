@@ -152,9 +152,9 @@ class EngineProfile:
 
     `build` turns a profile into serialized engine bytes (raising BuildError); the backend gives
     one bound to the region's ONNX model and targets, which takes the engine from the engine
-    cache when a process widened the same region's profile the same way before. A widened build that fails is not retried:
-    later calls outside the profile get the same error at once, and the region runs them in
-    PyTorch.
+    cache when a process widened the same region's profile the same way before. A widened build
+    that fails is not retried: later calls outside the profile get the same error at once, and
+    the region runs them in PyTorch.
     """
 
     def __init__(self, profile: Profile, build: Callable[[Profile], EngineData]) -> None:
