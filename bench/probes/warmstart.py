@@ -24,6 +24,12 @@ STAGES = [  # (module, function): timed by wrapping, in the child
     ("rtx_backend._engine_cache", "graph_digest"), ("rtx_backend._engine_cache", "EngineCache.load"),
     ("rtx_backend._executors", "TrtExecutor.__init__"), ("rtx_backend._runtime", "first_call"),
     ("rtx_backend._runtime", "RegionModule.forward"),
+    # the graph-cache hit, piece by piece
+    ("rtx_backend._backend", "graph_key"), ("rtx_backend._backend", "from_graph_cache"),
+    ("rtx_backend._graph_cache", "GraphCache.load"), ("rtx_backend._backend", "generate_code"),
+    ("rtx_backend._executors", "deserialize"), ("rtx_backend._executors", "TrtExecutor._make_binding"),
+    ("rtx_backend._runtime_cache", "attach"), ("rtx_backend._executors", "TrtExecutor.__call__"),
+    ("rtx_backend._engine_cache", "tensor_digests"),
 ]
 
 
