@@ -6,6 +6,7 @@ module, first-call validation and the cross-check compare them through the same 
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import logging
 import threading
@@ -21,6 +22,9 @@ from ._onnx_bridge import OnnxRegion
 from ._options import Options
 
 log = logging.getLogger("rtx_backend")
+
+# One thread makes every engine's execution contexts, one engine after another (see TrtExecutor).
+_SETUP = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="trtrtx-setup")
 
 
 def torch_dtype(trt_dtype: Any) -> torch.dtype:
@@ -135,6 +139,12 @@ class TrtExecutor:
     kernel compiled, during a capture: that second context is made with the first and runs once
     at each new input shape outside captures (the warm-up PyTorch asks for before a capture).
     What cannot be captured raises CudaGraphError, and the region runs in PyTorch there.
+
+    The engine is deserialized in the constructor (an engine this GPU cannot run fails there),
+    but its contexts are made on a setup thread: attaching the runtime cache (read from its file
+    once per process) and creating contexts take 0.1 to 0.2 s, which then overlap with what the
+    caller does next (Dynamo builds its guards after the backend returns). The first call waits
+    for them; if they could not be made, every call raises RuntimeUnavailableError.
     """
 
     kind = "tensorrt_rtx"
@@ -162,15 +172,38 @@ class TrtExecutor:
         self._side: torch.cuda.Stream | None = None
         self._side_events: tuple[torch.cuda.Stream, torch.cuda.Stream, torch.cuda.Event, torch.cuda.Event] | None = None
         self._cache_ref: _runtime_cache.RuntimeCache | None = None
+        self.main: _Binding  # set by _setup
+        self.capture: _Binding | None = None  # the context for outer captures, when it differs
+        # The contexts are made on the setup thread (TensorRT-RTX lets go of the GIL there) while
+        # the caller goes on, e.g. Dynamo building its guards; the first call waits for them.
+        self._pending: concurrent.futures.Future[None] | None = _SETUP.submit(self._setup)
+
+    def _setup(self) -> None:
+        """Make the contexts: the runtime cache attached (loaded from its file the first time),
+        then one context per binding. Runs on the setup thread."""
+        if torch.cuda.is_available():
+            torch.cuda.set_device(self.device)  # TensorRT-RTX works on the thread's current device
         self.main = self._make_binding(self.native_graphs, self.specialization)
         lazy_dynamic = self.region.dynamic and self.specialization == "lazy"
-        self.capture: _Binding | None = None  # the context for outer captures, when it differs
         if self.native_graphs or lazy_dynamic:
             self.capture = self._make_binding(False, "eager" if lazy_dynamic else self.specialization)
         _runtime_cache.save_on_release(self, self._cache_ref)
 
+    def ready(self) -> None:
+        """Wait for the contexts. If they could not be made, raise RuntimeUnavailableError (on
+        every call: the executor cannot run)."""
+        pending = self._pending
+        if pending is None:
+            return
+        try:
+            pending.result()
+        except Exception as exc:
+            raise RuntimeUnavailableError(f"region {self.name}: TensorRT-RTX could not set up the engine: {exc}") from exc
+        self._pending = None
+
     @property
     def context(self) -> Any:
+        self.ready()
         return self.main.context
 
     def _make_binding(self, native_graphs: bool, specialization: str) -> _Binding:
@@ -202,6 +235,8 @@ class TrtExecutor:
         return self._side_events
 
     def __call__(self, tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        if self._pending is not None:
+            self.ready()
         raw = current_raw_stream(self.device.index)
         capturing = stream_capturing()
         shapes = tuple(t.shape for t in tensors)

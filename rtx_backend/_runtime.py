@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
 from ._engine import EngineData
 from ._engine_cache import Key
-from ._errors import CudaGraphError, RtxBackendError
+from ._errors import CudaGraphError, RtxBackendError, RuntimeUnavailableError
 from ._executors import OrtExecutor, TorchExecutor, TrtExecutor
 from ._onnx_bridge import OnnxRegion
 from ._profiles import EngineProfile
@@ -87,6 +87,8 @@ class RegionModule(torch.nn.Module):
                 self.capture_fallback_said = True
                 log.warning("trtrtx: %s. The region runs in PyTorch inside such captures.", exc)
             return tuple(self.graph_module(*args))
+        except RuntimeUnavailableError as exc:  # its contexts could not be made (TrtExecutor._setup)
+            return self.run_in_pytorch(runner, exc, args)
         if self.validate and self.checked is not runner:
             with self.validation_lock:  # a thread must not return unchecked outputs while one checks
                 if self.executor is not runner:  # the check (in another thread) replaced the runner
@@ -96,6 +98,16 @@ class RegionModule(torch.nn.Module):
                 if self.validated_executor is runner:  # not during a CUDA graph capture
                     self.checked = runner
         return outputs
+
+    def run_in_pytorch(self, runner: Any, exc: RuntimeUnavailableError, args: Sequence[Any]) -> tuple[torch.Tensor, ...]:
+        """The region's results from PyTorch, which runs it from now on, when its executor cannot
+        run; unless the options ask for TensorRT-RTX or nothing (runtime="tensorrt_rtx", strict)."""
+        options = getattr(runner, "options", None)
+        if options is not None and (options.strict or options.runtime == "tensorrt_rtx"):
+            raise exc
+        log.warning("trtrtx: %s; region %s runs in PyTorch from now on", exc, self.name)
+        self.executor = TorchExecutor(self.graph_module)
+        return tuple(self.graph_module(*args))
 
     def fit_profile(self, tensors: list[torch.Tensor]) -> bool:
         """Whether the executor can run these shapes, after building an engine for a widened

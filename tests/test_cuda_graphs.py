@@ -7,6 +7,7 @@ asked, and when); the GPU tests run real engines.
 from __future__ import annotations
 
 import logging
+import threading
 import types
 
 import pytest
@@ -14,6 +15,7 @@ import torch
 
 import rtx_backend
 from rtx_backend import _executors, _runtime_cache, _trt
+from rtx_backend._errors import RuntimeUnavailableError
 from rtx_backend._onnx_bridge import OnnxRegion, TensorSpec
 from rtx_backend._options import Options
 from rtx_backend._record import recording
@@ -273,6 +275,50 @@ def test_region_runs_in_pytorch_where_its_engine_cannot_be_captured(caplog):
             y = compiled(x + 1)
             torch.testing.assert_close(y, model(x + 1))
     assert caplog.text.count("runs in PyTorch inside such captures") == 1
+
+
+def test_contexts_are_made_on_the_setup_thread_while_the_caller_goes_on(fake_executor, monkeypatch):
+    gate, made_on = threading.Event(), []
+    create = FakeEngine.create_execution_context
+
+    def slow(self, config):
+        made_on.append(threading.current_thread().name)
+        assert gate.wait(10)
+        return create(self, config)
+
+    monkeypatch.setattr(FakeEngine, "create_execution_context", slow)
+    executor, engine, _ = fake_executor()
+    assert engine.contexts == []  # the constructor returned before the context was made
+    gate.set()
+    executor(X)  # waits for the setup thread, then runs on its context
+    assert [c.runs for c in engine.contexts] == [1]
+    assert len(made_on) == 1 and made_on[0].startswith("trtrtx-setup")
+    assert made_on[0] != threading.current_thread().name
+
+
+@pytest.mark.parametrize("runtime", ["auto", "tensorrt_rtx"])
+def test_a_region_whose_contexts_cannot_be_made_runs_in_pytorch(fake_executor, monkeypatch, caplog, runtime):
+    monkeypatch.setattr(FakeEngine, "create_execution_context", lambda self, config: None)
+    failing, _, _ = fake_executor(runtime=runtime)
+    torch.manual_seed(0)
+    model = eval_model(MLP())
+    compiled = torch.compile(model, backend="trtrtx", options={"min_block_size": 1, "engine_cache_dir": ""})
+    x = torch.randn(2, 16)
+    with torch.no_grad(), recording() as graphs:
+        compiled(x)
+    (region,) = graphs[0].regions
+    region.executor, region.validate = failing, False
+    with torch.no_grad(), caplog.at_level(logging.WARNING, "rtx_backend"):
+        if runtime == "tensorrt_rtx":  # TensorRT-RTX or nothing: the error reaches the caller, every time
+            for _ in range(2):
+                with pytest.raises(RuntimeUnavailableError, match="could not set up the engine"):
+                    compiled(x)
+            return
+        for _ in range(2):
+            torch.testing.assert_close(compiled(x + 1), model(x + 1))
+    assert caplog.text.count("could not set up the engine") == 1
+    assert f"region {region.name} runs in PyTorch from now on" in caplog.text
+    assert region.kind == "pytorch"
 
 
 # ---- GPU ---------------------------------------------------------------------------------------
