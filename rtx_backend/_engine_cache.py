@@ -48,7 +48,7 @@ from ._options import Options
 
 log = logging.getLogger("rtx_backend")
 
-PARALLEL_HASH_BYTES = 64 << 20  # below this, a thread pool costs more than it saves
+PARALLEL_HASH_BYTES = 8 << 20  # below this, a thread pool costs about what it saves
 FORMAT = 2  # 2: in-memory models stored as skeleton and raw weights
 MAGIC = b"TRTRTX-ENGINE-CACHE\n"
 SUFFIX = ".engine"
@@ -472,10 +472,11 @@ def decode(data: bytes, key: Key) -> Entry:
         if engine_at + int(header["engine"]["size"]) != len(data):
             raise CorruptEntry("truncated or padded payload")
         view = memoryview(data)
-        if hashlib.sha256(view[onnx_at:engine_at]).hexdigest() != header["onnx"]["sha256"]:
-            raise CorruptEntry("ONNX checksum mismatch")
         engine = view[engine_at:]  # no copy of the engine
-        if hashlib.sha256(engine).hexdigest() != header["engine"]["sha256"]:
+        onnx_sum, engine_sum = sha256s([view[onnx_at:engine_at], engine])
+        if onnx_sum != header["onnx"]["sha256"]:
+            raise CorruptEntry("ONNX checksum mismatch")
+        if engine_sum != header["engine"]["sha256"]:
             raise CorruptEntry("engine checksum mismatch")
         source = _onnx_source(data, onnx_at, engine_at, header["onnx"])
         region = _region_from_json(header["region"], source)
@@ -485,6 +486,16 @@ def decode(data: bytes, key: Key) -> Entry:
     except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:  # JSONDecodeError is a ValueError
         raise CorruptEntry(f"unreadable header ({type(exc).__name__}: {exc})") from exc
     return Entry(region, engine, profile)
+
+
+def sha256s(buffers: Sequence[memoryview]) -> list[str]:
+    """The SHA-256 of each buffer, computed at once when they are large (hashlib lets go of the
+    GIL): a warm start checks both the ONNX model and the engine of every entry it loads."""
+    if len(buffers) < 2 or sum(len(b) for b in buffers) < PARALLEL_HASH_BYTES:
+        return [hashlib.sha256(b).hexdigest() for b in buffers]
+    with concurrent.futures.ThreadPoolExecutor(len(buffers) - 1) as pool:
+        rest = [pool.submit(lambda b: hashlib.sha256(b).hexdigest(), b) for b in buffers[1:]]
+        return [hashlib.sha256(buffers[0]).hexdigest(), *(f.result() for f in rest)]
 
 
 def _onnx_source(data: bytes, start: int, end: int, meta: dict[str, Any]) -> bytes | OnnxModel:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -163,6 +164,32 @@ def test_corrupt_entry_is_a_warning_and_a_miss_then_overwritten(damage, tmp_path
     assert rtx_backend.stats()["engine_cache_misses"] == 1
     assert cache.store(_key(), entry)
     assert cache.load(_key()) == entry
+
+
+@pytest.mark.parametrize("threshold", [1 << 62, 0], ids=["serial", "parallel"])
+@pytest.mark.parametrize(("section", "message"), [("onnx", "ONNX checksum"), ("engine", "engine checksum")])
+def test_each_section_is_checked_when_both_are_hashed_at_once(tmp_path, caplog, monkeypatch, threshold, section, message):
+    monkeypatch.setattr(_engine_cache, "PARALLEL_HASH_BYTES", threshold)
+    cache = EngineCache(tmp_path, 1 << 30)
+    entry = _entry()
+    cache.store(_key(), entry)
+    assert cache.load(_key()) == entry  # both checksums pass, either way
+    path = cache.path(_key())
+    data = bytearray(path.read_bytes())
+    at = data.index(b"onnx-model-bytes") if section == "onnx" else len(data) - 1
+    data[at] ^= 0xFF
+    path.write_bytes(bytes(data))
+    with caplog.at_level(logging.WARNING, "rtx_backend"):
+        assert cache.load(_key()) is None
+    assert message in caplog.text
+
+
+def test_sha256s_equals_hashlib_serial_and_parallel(monkeypatch):
+    buffers = [memoryview(os.urandom(n)) for n in (0, 10, 1 << 16)]
+    expected = [hashlib.sha256(b).hexdigest() for b in buffers]
+    for threshold in (1 << 62, 0):
+        monkeypatch.setattr(_engine_cache, "PARALLEL_HASH_BYTES", threshold)
+        assert _engine_cache.sha256s(buffers) == expected
 
 
 def test_entry_of_another_key_is_never_served(tmp_path, caplog):
