@@ -16,6 +16,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import types
 
 STAGES = [  # (module, function): timed by wrapping, in the child
     ("rtx_backend._backend", "lower"), ("rtx_backend._backend", "compile_graph"),
@@ -29,7 +30,7 @@ STAGES = [  # (module, function): timed by wrapping, in the child
     ("rtx_backend._graph_cache", "GraphCache.load"), ("rtx_backend._backend", "generate_code"),
     ("rtx_backend._executors", "deserialize"), ("rtx_backend._executors", "TrtExecutor._make_binding"),
     ("rtx_backend._runtime_cache", "attach"), ("rtx_backend._executors", "TrtExecutor.__call__"),
-    ("rtx_backend._engine_cache", "tensor_digests"),
+    ("rtx_backend._engine_cache", "tensor_digests"), ("rtx_backend._executors", "TrtExecutor.ready"),
 ]
 
 
@@ -52,12 +53,32 @@ def wrap(timings: dict[str, float], module: str, name: str, label: str | None = 
     setattr(owner, attr, timed)
 
 
-def child(cache: str, profile: bool) -> None:
+def synchronous_setup() -> None:
+    """Contexts made in the constructor, as before the setup thread (the A/B baseline)."""
+    import concurrent.futures
+
+    from rtx_backend import _executors
+
+    def submit(fn, *args):
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        try:
+            future.set_result(fn(*args))
+        except Exception as exc:
+            future.set_exception(exc)
+        return future
+
+    _executors._SETUP = types.SimpleNamespace(submit=submit)
+
+
+def child(cache: str, profile: bool, sync: bool = False) -> None:
     t0 = time.perf_counter()
     import torch
     import torchvision
 
     import rtx_backend
+
+    if sync:
+        synchronous_setup()
 
     t_import = time.perf_counter() - t0
     timings: dict[str, float] = {}
@@ -102,11 +123,12 @@ def child(cache: str, profile: bool) -> None:
 
 def main() -> None:
     if len(sys.argv) > 1:
-        child(sys.argv[1], sys.argv[2] == "1")
+        child(sys.argv[1], sys.argv[2] == "1", sys.argv[3:] == ["sync"])
         return
     cache = tempfile.mkdtemp(prefix="trtrtx-warm-")
-    for label, profile in (("cold", "0"), ("warm", "0"), ("warm2", "0"), ("warm_profiled", "1")):
-        res = subprocess.run([sys.executable, __file__, cache, profile], capture_output=True, text=True)
+    runs = [("cold", "0")] + [("warm", "0"), ("warm_sync_setup", "0 sync")] * 3 + [("warm_profiled", "1")]
+    for label, profile in runs:
+        res = subprocess.run([sys.executable, __file__, cache, *profile.split()], capture_output=True, text=True)
         print(label, res.stdout.strip().splitlines()[-1] if res.stdout.strip() else res.stderr[-3000:])
         if profile == "1":
             print(res.stderr[-9000:])
