@@ -189,6 +189,11 @@ class TrtExecutor:
             self.capture = self._make_binding(False, "eager" if lazy_dynamic else self.specialization)
         _runtime_cache.save_on_release(self, self._cache_ref)
 
+    def pending(self) -> bool:
+        """Whether the contexts are still being made."""
+        pending = self._pending
+        return pending is not None and not pending.done()
+
     def ready(self) -> None:
         """Wait for the contexts. If they could not be made, raise RuntimeUnavailableError (on
         every call: the executor cannot run)."""

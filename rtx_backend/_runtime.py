@@ -19,7 +19,7 @@ from ._errors import CudaGraphError, RtxBackendError, RuntimeUnavailableError
 from ._executors import OrtExecutor, TorchExecutor, TrtExecutor
 from ._onnx_bridge import OnnxRegion
 from ._profiles import EngineProfile
-from ._validation import first_call
+from ._validation import capturing, first_call
 
 log = logging.getLogger("rtx_backend")
 
@@ -80,6 +80,8 @@ class RegionModule(torch.nn.Module):
             self.fitted_shapes = shapes
         runner = self.executor  # fit_profile may have swapped in an engine for a wider profile
         assert not isinstance(runner, TorchExecutor)
+        validating = self.validate and self.checked is not runner
+        reference = self.reference_while_pending(runner, args) if validating else None
         try:
             outputs = tuple(runner(tensors))
         except CudaGraphError as exc:  # inside a CUDA graph capture the engine cannot take part in
@@ -89,15 +91,29 @@ class RegionModule(torch.nn.Module):
             return tuple(self.graph_module(*args))
         except RuntimeUnavailableError as exc:  # its contexts could not be made (TrtExecutor._setup)
             return self.run_in_pytorch(runner, exc, args)
-        if self.validate and self.checked is not runner:
+        if validating:
             with self.validation_lock:  # a thread must not return unchecked outputs while one checks
                 if self.executor is not runner:  # the check (in another thread) replaced the runner
                     return tuple(self.forward(*args))
                 if self.validated_executor is not runner:
-                    outputs = first_call(self, args, outputs)
+                    outputs = first_call(self, args, outputs, reference)
                 if self.validated_executor is runner:  # not during a CUDA graph capture
                     self.checked = runner
         return outputs
+
+    def reference_while_pending(self, runner: Any, args: Sequence[Any]) -> tuple[torch.Tensor, ...] | None:
+        """PyTorch's results for the first-call check, computed while the engine's contexts are
+        still being made on the setup thread (a cold engine's take a second or more: TensorRT-RTX
+        compiles its kernels), so that the two overlap. None when the contexts are ready, during
+        a CUDA graph capture, or if PyTorch fails here (first_call then runs it and says why)."""
+        if not (isinstance(runner, TrtExecutor) and runner.pending() and self.validated_executor is not runner):
+            return None
+        if capturing(args):
+            return None
+        try:
+            return tuple(self.graph_module(*args))
+        except Exception:
+            return None
 
     def run_in_pytorch(self, runner: Any, exc: RuntimeUnavailableError, args: Sequence[Any]) -> tuple[torch.Tensor, ...]:
         """The region's results from PyTorch, which runs it from now on, when its executor cannot

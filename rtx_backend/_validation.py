@@ -34,8 +34,11 @@ def capturing(tensors: Sequence[torch.Tensor]) -> bool:
     return stream_capturing()
 
 
-def first_call(module: Any, args: Sequence[Any], outputs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+def first_call(
+    module: Any, args: Sequence[Any], outputs: tuple[torch.Tensor, ...], reference: tuple[torch.Tensor, ...] | None = None
+) -> tuple[torch.Tensor, ...]:
     """Validate `outputs` of `module.executor` (a RegionModule's) and return the outputs to use.
+    `reference`: PyTorch's results on `args`, when the caller has them already.
 
     Marks the executor validated, except during a CUDA graph capture (then nothing is checked).
     """
@@ -44,7 +47,8 @@ def first_call(module: Any, args: Sequence[Any], outputs: tuple[torch.Tensor, ..
         return outputs
     module.validated_executor = executor
     try:
-        reference = tuple(module.graph_module(*args))
+        if reference is None:
+            reference = tuple(module.graph_module(*args))
         checks = [
             compare(out, ref, default_tolerance(ref.dtype, ref), f"output_{i}")
             for i, (out, ref) in enumerate(zip(outputs, reference))

@@ -19,6 +19,7 @@ from rtx_backend._errors import RuntimeUnavailableError
 from rtx_backend._onnx_bridge import OnnxRegion, TensorSpec
 from rtx_backend._options import Options
 from rtx_backend._record import recording
+from rtx_backend._runtime import RegionModule
 
 from .models import MLP, eval_model
 
@@ -294,6 +295,34 @@ def test_contexts_are_made_on_the_setup_thread_while_the_caller_goes_on(fake_exe
     assert [c.runs for c in engine.contexts] == [1]
     assert len(made_on) == 1 and made_on[0].startswith("trtrtx-setup")
     assert made_on[0] != threading.current_thread().name
+
+
+@pytest.mark.parametrize("ready_first", [False, True], ids=["pending", "ready"])
+def test_the_first_call_check_runs_pytorch_while_the_contexts_are_made(fake_executor, monkeypatch, ready_first):
+    gate, order = threading.Event(), []
+    create = FakeEngine.create_execution_context
+
+    def slow(self, config):
+        assert gate.wait(10)
+        order.append("context")
+        return create(self, config)
+
+    def reference(x):
+        order.append("reference")
+        gate.set()  # PyTorch ran while the setup thread waited: it may go on now
+        return (x * 2,)
+
+    monkeypatch.setattr(FakeEngine, "create_execution_context", slow)
+    executor, engine, _ = fake_executor()
+    region = RegionModule("r", reference, executor.region, b"", executor, validate=True, device=torch.device("cpu"))
+    if ready_first:
+        gate.set()
+        executor.ready()
+    region(X[0])
+    # one PyTorch run either way: the early one is the check's reference
+    assert order == (["context", "reference"] if ready_first else ["reference", "context"])
+    assert [c.runs for c in engine.contexts] == [1]
+    assert region.validated_executor is not None
 
 
 @pytest.mark.parametrize("runtime", ["auto", "tensorrt_rtx"])
