@@ -427,6 +427,7 @@ class _EngineStandIn(_backend.TrtExecutor):
 
     def __init__(self, onnx_region: OnnxRegion) -> None:  # no GPU here: no engine to load
         self.ort = _backend.OrtExecutor(onnx_region)
+        self._pending = None  # no contexts being made
 
     def __call__(self, tensors):
         return self.ort(tensors)
