@@ -3,8 +3,10 @@ FP32 batch 256 by default: 268 MB of weights). As in the benchmark, Dynamo is wa
 another model, trtrtx is preloaded and the model runs eagerly once; then each listed
 configuration compiles under stage timers (one process, in order). With --peer, the same for
 Torch-TensorRT-RTX (backend "torch_tensorrt", C++ runtime, as in the benchmark), by its stages.
---model=resnet50 (or resnet18) compiles that torchvision model instead.
-    python bench/probes/compile_time.py [float16 1 float32 256 ...] [--profile] [--peer] [--model=resnet50]"""
+--model=resnet50 (or resnet18) compiles that torchvision model instead. Every compile is cold:
+a fresh engine cache and a fresh runtime cache. --sync-setup makes engines' contexts in the
+executor's constructor, as before the setup thread (an A/B baseline).
+    python bench/probes/compile_time.py [float16 1 float32 256 ...] [--profile] [--peer] [--model=resnet50] [--sync-setup]"""
 
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from probes.warmstart import wrap
+from probes.warmstart import synchronous_setup, wrap
 
 import bench
 import rtx_backend
@@ -50,7 +52,9 @@ def compile_once(dtype: torch.dtype, batch: int, profile: bool, peer: bool) -> N
         fn = torch.compile(model, backend="torch_tensorrt", dynamic=False,
                            options={"min_block_size": 1, "use_python_runtime": False})
     else:
-        fn = torch.compile(model, backend="trtrtx", options={"engine_cache_dir": tempfile.mkdtemp(prefix="probe-engines-")})
+        cache = tempfile.mkdtemp(prefix="probe-caches-")
+        fn = torch.compile(model, backend="trtrtx", options={
+            "engine_cache_dir": f"{cache}/engines", "runtime_cache_path": f"{cache}/runtime.cache"})
     profiler = cProfile.Profile()
     start = time.perf_counter()
     with torch.inference_mode():
@@ -84,7 +88,8 @@ def main() -> None:
         ("rtx_backend._backend", "to_graph_cache", "graph cache store"),
         ("rtx_backend._engine_cache", "EngineCache.key", "cache key"),
         ("rtx_backend._engine_cache", "EngineCache.load", "cache load"),
-        ("rtx_backend._executors", "TrtExecutor.__init__", "executor (deserialize, contexts)"),
+        ("rtx_backend._executors", "TrtExecutor.__init__", "executor (deserialize; contexts start)"),
+        ("rtx_backend._executors", "TrtExecutor.ready", "first call waits for the contexts"),
         ("rtx_backend._runtime", "first_call", "validation (first call)"),
         ("rtx_backend._onnx_bridge", "_export_non_strict", "export: torch.export"),
         ("rtx_backend._registry", "translate", "export: exporter"),
@@ -95,6 +100,8 @@ def main() -> None:
         ("rtx_backend._executors", "TrtExecutor._make_binding", "contexts"),
     ):
         wrap(SECONDS, module, name, label)
+    if "--sync-setup" in sys.argv:
+        synchronous_setup()
     if peer:
         import torch_tensorrt  # noqa: F401  (its converters register on import, before timing)
 
