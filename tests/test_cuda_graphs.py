@@ -262,7 +262,8 @@ class _Uncapturable:
         raise rtx_backend.CudaGraphError("region submod_0 cannot be recorded by the CUDA graph being captured")
 
 
-def test_region_runs_in_pytorch_where_its_engine_cannot_be_captured(caplog):
+def _compiled_mlp() -> tuple[torch.nn.Module, object, torch.Tensor, RegionModule]:
+    """An MLP compiled on CPU (one region, in ONNX Runtime), an input, and its region module."""
     torch.manual_seed(0)
     model = eval_model(MLP())
     compiled = torch.compile(model, backend="trtrtx", options={"min_block_size": 1, "engine_cache_dir": ""})
@@ -270,6 +271,11 @@ def test_region_runs_in_pytorch_where_its_engine_cannot_be_captured(caplog):
     with torch.no_grad(), recording() as graphs:
         compiled(x)
     (region,) = graphs[0].regions
+    return model, compiled, x, region
+
+
+def test_region_runs_in_pytorch_where_its_engine_cannot_be_captured(caplog):
+    model, compiled, x, region = _compiled_mlp()
     region.executor, region.validate = _Uncapturable(), False
     with torch.no_grad(), caplog.at_level(logging.WARNING, "rtx_backend"):
         for _ in range(2):
@@ -329,13 +335,7 @@ def test_the_first_call_check_runs_pytorch_while_the_contexts_are_made(fake_exec
 def test_a_region_whose_contexts_cannot_be_made_runs_in_pytorch(fake_executor, monkeypatch, caplog, runtime):
     monkeypatch.setattr(FakeEngine, "create_execution_context", lambda self, config: None)
     failing, _, _ = fake_executor(runtime=runtime)
-    torch.manual_seed(0)
-    model = eval_model(MLP())
-    compiled = torch.compile(model, backend="trtrtx", options={"min_block_size": 1, "engine_cache_dir": ""})
-    x = torch.randn(2, 16)
-    with torch.no_grad(), recording() as graphs:
-        compiled(x)
-    (region,) = graphs[0].regions
+    model, compiled, x, region = _compiled_mlp()
     region.executor, region.validate = failing, False
     with torch.no_grad(), caplog.at_level(logging.WARNING, "rtx_backend"):
         if runtime == "tensorrt_rtx":  # TensorRT-RTX or nothing: the error reaches the caller, every time

@@ -6,29 +6,19 @@ the dispatcher's thread-local key sets seen inside and outside."""
 from __future__ import annotations
 
 import json
-import time
+import sys
+from pathlib import Path
 
 import torch
 
 from rtx_backend._record import recording
 
-
-def per_call_us(fn, n: int = 2000) -> float:
-    for _ in range(50):
-        fn()
-    torch.cuda.synchronize()
-    t = time.perf_counter()
-    for _ in range(n):
-        fn()
-    dt = time.perf_counter() - t
-    torch.cuda.synchronize()
-    return dt / n * 1e6
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from overhead import one_engine_model, per_call_us
 
 
 def main() -> None:
-    model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.ReLU(), torch.nn.Linear(256, 256))
-    model = model.eval().cuda().half().requires_grad_(False)
-    x = torch.randn(1, 256, device="cuda", dtype=torch.float16)
+    model, x = one_engine_model()
     fn = torch.compile(model, backend="trtrtx", options={"min_block_size": 1, "engine_cache_dir": ""})
     with torch.inference_mode(), recording() as graphs:
         for _ in range(5):

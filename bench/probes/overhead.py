@@ -28,10 +28,14 @@ def per_call_us(fn, n: int = 3000) -> float:
     return dt / n * 1e6
 
 
-def main() -> None:
+def one_engine_model() -> tuple[torch.nn.Module, torch.Tensor]:
+    """A small FP16 MLP that compiles to one engine, and its batch-1 input."""
     model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.ReLU(), torch.nn.Linear(256, 256))
-    model = model.eval().cuda().half().requires_grad_(False)
-    x = torch.randn(1, 256, device="cuda", dtype=torch.float16)
+    return model.eval().cuda().half().requires_grad_(False), torch.randn(1, 256, device="cuda", dtype=torch.float16)
+
+
+def main() -> None:
+    model, x = one_engine_model()
     with torch.inference_mode():
         out = model(x)
     # the least any torch.compile backend costs here: Dynamo's frame and guards around a graph that
