@@ -280,24 +280,39 @@ def dynamic_sweep(smoke: bool, cache_dir: str, backends: list[str]) -> dict[str,
     return out
 
 
-def fresh_process_starts(cache_dir: str) -> dict[str, Any]:
+START_KINDS = ("cold", "warm", "warm_engine_cache_only", "warm_no_runtime_cache")
+
+
+def fresh_process_starts(rounds: int) -> dict[str, Any]:
     """Time to first result in fresh processes: cold, warm (every cache), warm with the engine
     cache alone (no graph-cache entries: the graph is lowered again), warm without the runtime
-    cache."""
-    child = [sys.executable, str(Path(__file__)), "--child-start", cache_dir]
-    out = {}
-    for label in ("cold", "warm", "warm_engine_cache_only", "warm_no_runtime_cache"):
-        if label == "warm_engine_cache_only":
-            for path in Path(cache_dir, "engines").glob("*.graph"):
-                path.unlink()
-        if label == "warm_no_runtime_cache":
-            with contextlib.suppress(FileNotFoundError):
-                os.remove(os.path.join(cache_dir, "runtime.cache"))
-        res = subprocess.run(child, capture_output=True, text=True, timeout=600)
-        try:
-            out[label] = json.loads(res.stdout.strip().splitlines()[-1])
-        except Exception:
-            out[label] = {"error": res.stderr[-500:]}
+    cache; `rounds` times, each round in a new cache directory, and the median of each kind
+    (one child per sample: a fresh process is noisy on a shared host)."""
+    samples: dict[str, list[dict[str, Any]]] = {kind: [] for kind in START_KINDS}
+    for _ in range(rounds):
+        cache_dir = tempfile.mkdtemp(prefix="trtrtx-starts-")
+        child = [sys.executable, str(Path(__file__)), "--child-start", cache_dir]
+        for kind in START_KINDS:
+            if kind == "warm_engine_cache_only":
+                for path in Path(cache_dir, "engines").glob("*.graph"):
+                    path.unlink()
+            if kind == "warm_no_runtime_cache":
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(os.path.join(cache_dir, "runtime.cache"))
+            res = subprocess.run(child, capture_output=True, text=True, timeout=600)
+            try:
+                samples[kind].append(json.loads(res.stdout.strip().splitlines()[-1]))
+            except Exception:
+                samples[kind].append({"error": res.stderr[-500:]})
+    out: dict[str, Any] = {}
+    for kind, runs in samples.items():
+        good = [r for r in runs if "first_result_s" in r]
+        if not good:
+            out[kind] = runs[-1]
+            continue
+        out[kind] = {**good[-1], "first_result_s": statistics.median(r["first_result_s"] for r in good),
+                     "import_s": statistics.median(r["import_s"] for r in good),
+                     "first_result_samples_s": [round(r["first_result_s"], 3) for r in good]}
     return out
 
 
@@ -501,6 +516,8 @@ def main() -> None:
                         help="what to measure, in this order: starts,overhead,sweep,models")
     parser.add_argument("--sweep-backends", default="trtrtx",
                         help="backends of the dynamic sweep: trtrtx,inductor,torch_tensorrt")
+    parser.add_argument("--start-rounds", type=int, default=3,
+                        help="fresh-process starts: rounds of the four kinds, each in a new cache directory (medians)")
     parser.add_argument("--out", default=str(HERE / "results"))
     parser.add_argument("--tag", default="")
     parser.add_argument("--merge", nargs="+", default=None, metavar="JSON",
@@ -544,7 +561,7 @@ def main() -> None:
     for part in args.parts.split(","):
         print(f"-- {part}", flush=True)
         if part == "starts":
-            results["fresh_process"] = fresh_process_starts(tempfile.mkdtemp(prefix="trtrtx-starts-"))
+            results["fresh_process"] = fresh_process_starts(args.start_rounds)
         elif part == "overhead" and CUDA:
             results["overhead"] = overhead(cache_dir)
         elif part == "sweep":

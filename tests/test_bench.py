@@ -57,3 +57,20 @@ def test_bench_merge_joins_parallel_parts_and_refuses_other_versions(tmp_path):
     out = subprocess.run([*script, "--merge", str(a), str(b), "--out", str(tmp_path)],
                          capture_output=True, text=True, timeout=300)
     assert out.returncode != 0 and "differ in tensorrt_rtx" in out.stderr
+
+
+def test_bench_starts_take_the_median_of_rounds_of_fresh_processes(tmp_path):
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "bench.py"), "--smoke", "--parts", "starts", "--start-rounds", "2",
+         "--out", str(tmp_path)],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    (saved,) = tmp_path.glob("*-smoke.json")
+    starts = json.loads(saved.read_text())["fresh_process"]
+    assert list(starts) == ["cold", "warm", "warm_engine_cache_only", "warm_no_runtime_cache"]
+    for kind, row in starts.items():
+        samples = row["first_result_samples_s"]
+        assert len(samples) == 2 and all(s > 0 for s in samples), kind
+        assert abs(row["first_result_s"] - sum(samples) / 2) < 2e-3, kind  # the median of two
+    assert starts["cold"]["stats"]["validations"] == 1  # a cold start checks its region once
