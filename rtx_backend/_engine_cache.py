@@ -242,6 +242,11 @@ def with_profile(key: Key, profile: Profile) -> Key:
     return Key(make_key(fields), fields)
 
 
+def entry_path(directory: Path, key: Key) -> Path:
+    """Where the engine-cache entry of `key` lives in `directory` (graph entries name theirs)."""
+    return directory / f"{key.name}{SUFFIX}"
+
+
 def make_key(fields: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(fields, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
@@ -291,7 +296,7 @@ class EngineCache:
         return Key(make_key(fields), fields)
 
     def path(self, key: Key) -> Path:
-        return self.directory / f"{key.name}{SUFFIX}"
+        return entry_path(self.directory, key)
 
     def load(self, key: Key, inputs: Sequence[TensorSpec] | None = None) -> Entry | None:
         """The entry for `key`, or None (a miss; unusable files are a warning)."""

@@ -331,7 +331,7 @@ class GraphCache:
             log.warning("trtrtx: graph cache entry %s is unusable (%s); compiling the graph again", path, exc)
             entry = None
         if entry is not None:
-            missing = [r.name for r in entry.regions if not (self.directory / f"{r.engine.name}{_engine_cache.SUFFIX}").exists()]
+            missing = [r.name for r in entry.regions if not _engine_cache.entry_path(self.directory, r.engine).exists()]
             if missing:
                 log.debug("trtrtx: graph cache entry %s: the engines of %s are gone; compiling again", path.name, missing)
                 entry = None
