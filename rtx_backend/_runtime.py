@@ -7,11 +7,13 @@ whichever executor was chosen at compile time, returning what the region returne
 from __future__ import annotations
 
 import logging
+import operator
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+from torch.nn.modules import module as _module
 
 from ._engine import EngineData
 from ._engine_cache import Key
@@ -22,6 +24,16 @@ from ._profiles import EngineProfile
 from ._validation import capturing, first_call
 
 log = logging.getLogger("rtx_backend")
+
+_SHAPE = operator.attrgetter("shape")
+
+
+def picker(indices: Sequence[int]) -> Callable[[Sequence[Any]], tuple[Any, ...]]:
+    """A C function that takes the arguments at `indices` out of a sequence, as a tuple: a slice
+    when they are consecutive (itemgetter of one index would return the item itself)."""
+    if not indices or list(indices) == list(range(indices[0], indices[-1] + 1)):
+        return operator.itemgetter(slice(indices[0], indices[-1] + 1) if indices else slice(0, 0))
+    return operator.itemgetter(*indices)
 
 
 class RegionModule(torch.nn.Module):
@@ -60,6 +72,7 @@ class RegionModule(torch.nn.Module):
         self.fitted_shapes: tuple[torch.Size, ...] | None = None  # the last input shapes the executor takes
         self.engine_key = engine_key  # the engine-cache entry of `engine` (a graph-cache entry names it)
         self.device = device or region_device(graph)  # given where the graph has lost its metadata
+        self.pick_tensors = picker(onnx_region.tensor_args if onnx_region is not None else ())
 
     @property
     def kind(self) -> str:
@@ -70,8 +83,8 @@ class RegionModule(torch.nn.Module):
         if isinstance(executor, TorchExecutor):
             return tuple(executor.run_args(args))
         assert self.onnx is not None
-        tensors = [args[i] for i in self.onnx.tensor_args]
-        shapes = tuple(t.shape for t in tensors)
+        tensors = self.pick_tensors(args)
+        shapes = tuple(map(_SHAPE, tensors))  # (C calls: no Python frame per tensor)
         if shapes != self.fitted_shapes:  # checked once per shape change, not on every call
             if self.profile is not None and not self.fit_profile(tensors):
                 return tuple(self.graph_module(*args))  # no engine for these shapes: PyTorch runs them
@@ -83,7 +96,7 @@ class RegionModule(torch.nn.Module):
         validating = self.validate and self.checked is not runner
         reference = self.reference_while_pending(runner, args) if validating else None
         try:
-            outputs = tuple(runner(tensors))
+            outputs = tuple(runner(tensors, shapes) if isinstance(runner, TrtExecutor) else runner(tensors))
         except CudaGraphError as exc:  # inside a CUDA graph capture the engine cannot take part in
             if not self.capture_fallback_said:
                 self.capture_fallback_said = True
@@ -100,6 +113,14 @@ class RegionModule(torch.nn.Module):
                 if self.validated_executor is runner:  # not during a CUDA graph capture
                     self.checked = runner
         return outputs
+
+    def __call__(self, *args: Any) -> tuple[torch.Tensor, ...]:
+        """The partitioned graph calls its regions on every call: straight to forward unless a
+        forward hook is set (the cross-check sets them), without nn.Module's dispatch of the
+        other kinds of hooks, which cost about a microsecond a call."""
+        if self._forward_hooks or self._forward_pre_hooks or _module._global_forward_hooks or _module._global_forward_pre_hooks:
+            return super().__call__(*args)  # type: ignore[no-any-return]
+        return self.forward(*args)
 
     def reference_while_pending(self, runner: Any, args: Sequence[Any]) -> tuple[torch.Tensor, ...] | None:
         """PyTorch's results for the first-call check, computed while the engine's contexts are
@@ -125,7 +146,7 @@ class RegionModule(torch.nn.Module):
         self.executor = TorchExecutor(self.graph_module)
         return tuple(self.graph_module(*args))
 
-    def fit_profile(self, tensors: list[torch.Tensor]) -> bool:
+    def fit_profile(self, tensors: Sequence[torch.Tensor]) -> bool:
         """Whether the executor can run these shapes, after building an engine for a widened
         profile when they fall outside the engine's (the new engine replaces the old one).
 

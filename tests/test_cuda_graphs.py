@@ -274,6 +274,62 @@ def _compiled_mlp() -> tuple[torch.nn.Module, object, torch.Tensor, RegionModule
     return model, compiled, x, region
 
 
+def test_a_failed_enqueue_leaves_its_shapes_unwarmed_until_one_succeeds(fake_executor, monkeypatch):
+    executor, engine, world = fake_executor()
+    executor(X)  # makes the context
+    ctx = engine.contexts[0]
+    ok = ctx.execute_async_v3
+    monkeypatch.setattr(ctx, "execute_async_v3", lambda stream: False)
+    Y = [torch.ones(3, 4)]
+    with pytest.raises(rtx_backend.RtxBackendError, match="execute_async_v3 failed"):
+        executor(Y)
+    world.capturing = True
+    with pytest.raises(rtx_backend.CudaGraphError, match=r"has not run at input shapes \[\(3, 4\)\]"):
+        executor(Y)  # the failed call did not count as the warm-up
+    world.capturing = False
+    monkeypatch.setattr(ctx, "execute_async_v3", ok)
+    (out,) = executor(Y)  # same shapes as the failed call: they are set again, then warmed
+    assert ctx.shapes["input_0"] == (3, 4) and out.shape == (3, 4) and out.is_contiguous()
+    world.capturing = True
+    executor(Y)
+    assert ctx.runs == 3
+
+
+def test_outputs_follow_each_new_shape_and_keep_their_dtype(fake_executor):
+    executor, _, _ = fake_executor(dynamic=True)
+    for rows in (2, 5, 2, 7):
+        (out,) = executor([torch.ones(rows, 4)])
+        assert out.shape == (rows, 4) and out.stride() == (4, 1) and out.dtype == torch.float32
+
+
+@pytest.mark.filterwarnings("ignore:Using `torch.compile\\(module\\)` when there are global hooks")
+def test_region_module_calls_skip_module_dispatch_but_keep_forward_hooks():
+    _, compiled, x, region = _compiled_mlp()
+    seen = []
+    handle = region.register_forward_hook(lambda module, args, out: seen.append(args[0].shape))
+    with torch.no_grad():
+        compiled(x)
+    handle.remove()
+    with torch.no_grad():
+        compiled(x)
+    assert seen == [x.shape]  # the hook ran while it was set, and only then
+    handle = torch.nn.modules.module.register_module_forward_hook(
+        lambda module, args, out: seen.append(type(module).__name__))
+    try:
+        with torch.no_grad():
+            compiled(x)
+    finally:
+        handle.remove()
+    assert "RegionModule" in seen  # global hooks too
+
+
+@pytest.mark.parametrize(("indices", "picked"), [((), ()), ((2,), ("c",)), ((1, 2), ("b", "c")), ((0, 2), ("a", "c"))])
+def test_region_arguments_are_picked_as_a_tuple(indices, picked):
+    from rtx_backend._runtime import picker
+
+    assert picker(indices)(("a", "b", "c")) == picked
+
+
 def test_region_runs_in_pytorch_where_its_engine_cannot_be_captured(caplog):
     model, compiled, x, region = _compiled_mlp()
     region.executor, region.validate = _Uncapturable(), False

@@ -180,7 +180,7 @@ def test_gpu_broken_engine_is_caught(monkeypatch, caplog):
     from rtx_backend._executors import TrtExecutor
 
     original = TrtExecutor.__call__
-    monkeypatch.setattr(TrtExecutor, "__call__", lambda self, t: [torch.zeros_like(o) for o in original(self, t)])
+    monkeypatch.setattr(TrtExecutor, "__call__", lambda self, t, shapes=None: [torch.zeros_like(o) for o in original(self, t, shapes)])
     model = eval_model(MLP(), torch.float16, "cuda")
     x = torch.randn(8, 16, device="cuda", dtype=torch.float16)
     with caplog.at_level(logging.ERROR, logger="rtx_backend"):
