@@ -10,7 +10,7 @@ import concurrent.futures
 import dataclasses
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -95,7 +95,7 @@ def stream_capturing() -> bool:
 # Inductor's allocator for its generated code: a CUDA tensor on the current device, without the
 # Python argument parsing and dispatch of torch.empty (on this machine's CPU analogue, a third of
 # its cost).
-_empty_strided_cuda = getattr(torch._C._dynamo.guards, "_empty_strided_cuda", None)
+_empty_strided_cuda: Callable[..., torch.Tensor] | None = getattr(torch._C._dynamo.guards, "_empty_strided_cuda", None)
 
 
 def deserialize(engine_bytes: EngineData) -> Any:
@@ -303,10 +303,10 @@ class TrtExecutor:
             b.input_shapes = shapes
         outputs = []
         device = self.device
-        fast = _empty_strided_cuda is not None and index is not None and torch._C._cuda_getDevice() == index
+        fast = _empty_strided_cuda if index is not None and torch._C._cuda_getDevice() == index else None
         for name, (shape, strides, dtype) in zip(self.output_names, b.outputs):
-            if fast:
-                out = _empty_strided_cuda(shape, strides, dtype)
+            if fast is not None:
+                out = fast(shape, strides, dtype)
             else:
                 out = torch.empty_strided(shape, strides, dtype=dtype, device=device)
             ptr = out.data_ptr()
