@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import functools
 import logging
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch._prims_common import make_contiguous_strides_for
@@ -113,6 +114,14 @@ def deserialize(engine_bytes: EngineData) -> Any:
     return runtime, engine
 
 
+class _SidePath(NamedTuple):
+    """Where whole_graph_capture runs when the caller is on the legacy default stream."""
+
+    stream: int  # the side stream's handle
+    before: tuple[Callable[[], None], ...]  # record an event on the legacy stream, the side stream waits for it
+    after: tuple[Callable[[], None], ...]  # and back
+
+
 @dataclasses.dataclass(eq=False)
 class _Binding:
     """One execution context and what has been set on it (TensorRT-RTX keeps input shapes,
@@ -177,7 +186,7 @@ class TrtExecutor:
         self._last_stream: Any = None
         self._last_raw: int | None = None
         self._side: torch.cuda.Stream | None = None
-        self._side_events: tuple[torch.cuda.Stream, torch.cuda.Stream, torch.cuda.Event, torch.cuda.Event] | None = None
+        self._side_events: _SidePath | None = None
         self._cache_ref: _runtime_cache.RuntimeCache | None = None
         self.main: _Binding  # set by _setup
         self.capture: _Binding | None = None  # the context for outer captures, when it differs
@@ -239,11 +248,20 @@ class TrtExecutor:
             self._side = torch.cuda.Stream(self.device)
         return self._side
 
-    def _side_path(self) -> tuple[torch.cuda.Stream, torch.cuda.Stream, torch.cuda.Event, torch.cuda.Event]:
-        """The side stream, the legacy default stream and the two events that order them."""
+    def _side_path(self) -> _SidePath:
+        """The side stream and the two event steps that order it after, then before, the legacy
+        default stream: made once, then called without a Python frame (functools.partial of the
+        event's C methods)."""
         if self._side_events is None:
-            self._side_events = (self._side_stream(), torch.cuda.default_stream(self.device),
-                                 torch.cuda.Event(), torch.cuda.Event())
+            side, default = self._side_stream(), torch.cuda.default_stream(self.device)
+            ready, done = torch.cuda.Event(), torch.cuda.Event()
+            base = getattr(torch._C, "_CudaEventBase", None)
+            ops = base if base is not None and isinstance(ready, base) else type(ready)  # (test stand-ins)
+            self._side_events = _SidePath(
+                side.cuda_stream,
+                (functools.partial(ops.record, ready, default), functools.partial(ops.wait, ready, side)),
+                (functools.partial(ops.record, done, side), functools.partial(ops.wait, done, default)),
+            )
         return self._side_events
 
     def __call__(self, tensors: Sequence[torch.Tensor], shapes: tuple[torch.Size, ...] | None = None) -> list[torch.Tensor]:
@@ -330,10 +348,10 @@ class TrtExecutor:
         if b.native_graphs and raw == 0:
             # CUDA cannot capture the legacy default stream: TensorRT-RTX's own graphs run on a
             # side stream, ordered after and before the caller's work (by two reused events).
-            side, default, ready, _ = self._side_path()
-            ready.record(default)
-            side.wait_event(ready)
-            run_on = side.cuda_stream
+            path = self._side_path()
+            for step in path.before:
+                step()
+            run_on = path.stream
         errors = self._errors
         if errors:
             errors.clear()
@@ -343,9 +361,8 @@ class TrtExecutor:
                 f"region {self.name}: TensorRT-RTX execute_async_v3 failed: {'; '.join(errors) or 'no message'}"
             )
         if run_on != raw:
-            side, default, _, done = self._side_path()
-            done.record(side)
-            default.wait_event(done)
+            for step in self._side_path().after:
+                step()
         if not capturing:
             if new_shapes:
                 b.warmed.add(shapes)  # (shapes that are not new were added when they became new)

@@ -119,6 +119,9 @@ class FakeEvent:
     def record(self, stream: FakeStream) -> None:
         self.stream = stream
 
+    def wait(self, stream: FakeStream) -> None:
+        stream.wait_event(self)
+
 
 class World:
     """The fake CUDA state the executor sees: is the stream capturing, which stream is current."""
