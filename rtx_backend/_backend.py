@@ -35,7 +35,7 @@ from ._policy import CapabilitySupport, Reason
 from ._profiles import EngineProfile, make_profile, symbol_overrides
 from ._progress import build_progress
 from ._record import CompiledGraph, record
-from ._runtime import RegionModule, region_device
+from ._runtime import RegionModule, direct_forward, region_device
 from ._screen import check_region
 
 log = logging.getLogger("rtx_backend")
@@ -126,7 +126,7 @@ def from_graph_cache(
                          modules, seconds))
     log.info("trtrtx: reused a compiled graph from the graph cache in %.2fs: %d region(s) %s, %d op(s) left in "
              "PyTorch", seconds, len(modules), [m.kind for m in modules], len(entry.eager_ops))
-    return without_autocast(gm.forward)
+    return without_autocast(direct_forward(gm))
 
 
 def to_graph_cache(graphs: GraphCache, key: CacheKey, plan: PartitionPlan, example_inputs: Sequence[Any]) -> None:
@@ -174,7 +174,7 @@ def compile_graph(
         "%d op(s) left in PyTorch",
         seconds, len(modules), [m.kind for m in modules], built, cached, len(plan.eager_ops),
     )
-    return gm.forward
+    return direct_forward(gm)
 
 
 def generate_code(gm: torch.fx.GraphModule) -> None:

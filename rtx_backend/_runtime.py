@@ -185,3 +185,33 @@ def region_device(region_gm: torch.fx.GraphModule) -> torch.device:
         if isinstance(val, torch.Tensor):
             return val.device
     return torch.device("cpu")
+
+
+def direct_forward(gm: torch.fx.GraphModule) -> Callable[..., Any]:
+    """What the backend returns for a partitioned graph: its forward; or, when all the graph does
+    is pass some of its inputs to one region module and return that region's results in order
+    (a model lowered whole), the region module behind an argument picker: no generated code, no
+    submodule lookup and no result tuple to rebuild on every call."""
+    graph = gm.graph
+    placeholders = list(graph.find_nodes(op="placeholder"))
+    calls = list(graph.find_nodes(op="call_module"))
+    if len(calls) != 1 or calls[0].kwargs or not all(a in placeholders for a in calls[0].args):
+        return gm.forward
+    call = calls[0]
+    region = gm.get_submodule(str(call.target))
+    results = region.graph_module.graph.output_node().args[0] if isinstance(region, RegionModule) else None
+    returned = graph.output_node().args[0]
+    if not (
+        isinstance(results, (tuple, list)) and isinstance(returned, (tuple, list)) and len(returned) == len(results)
+        and all(r.op == "call_function" and r.target is operator.getitem and r.args == (call, i)  # type: ignore[union-attr]
+                for i, r in enumerate(returned))
+        and len(graph.nodes) == len(placeholders) + len(returned) + 2  # nothing else: the call and the output
+    ):
+        return gm.forward
+    pick = picker([placeholders.index(a) for a in call.args])  # type: ignore[arg-type]
+
+    def forward(*args: Any) -> tuple[torch.Tensor, ...]:
+        return region(*pick(args))  # type: ignore[no-any-return]
+
+    return forward
+

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import operator
 import subprocess
 import sys
 
@@ -263,13 +264,16 @@ def test_pytorch_side_views_take_engine_outputs_of_any_layout():
 
 def test_the_compiled_graph_runs_its_generated_code_without_reentering_module_call(monkeypatch):
     """The partitioned graph's code is generated at compile time: a call goes straight into it, not
-    through a lazy stub that re-enters GraphModule.__call__ (microseconds on every call)."""
+    through a lazy stub that re-enters GraphModule.__call__ (microseconds on every call). Two
+    regions around a PyTorch op: the graph's code runs (a graph of one region is not called, see
+    direct_forward)."""
     from rtx_backend._record import recording
 
-    model = eval_model(MLP())
+    model = eval_model(WithEagerOp())
     x = torch.randn(4, 16)
     torch._dynamo.reset()
-    fn = torch.compile(model, backend="trtrtx", options={"runtime": "onnxruntime", "engine_cache_dir": ""})
+    fn = torch.compile(model, backend="trtrtx", options={"runtime": "onnxruntime", "engine_cache_dir": "",
+                                                         "min_block_size": 1, "torch_executed_ops": ["aten.sigmoid"]})
     with torch.no_grad(), recording() as graphs:
         fn(x)
     gm = graphs[0].plan.graph_module
@@ -280,3 +284,53 @@ def test_the_compiled_graph_runs_its_generated_code_without_reentering_module_ca
         y = fn(x)
     torch.testing.assert_close(y, model(x), atol=1e-5, rtol=1e-5)
     assert calls == []
+
+
+# ---- the function handed back to Dynamo --------------------------------------------------------
+
+
+def _one_region_graph(returned: str) -> torch.fx.GraphModule:
+    """A partitioned graph by hand: inputs x, w, y; one region module taking (y, x) that returns
+    (y + x, y * x); the graph returns `returned` of the region's results ("01", "10" or "0")."""
+    from rtx_backend._executors import TorchExecutor
+    from rtx_backend._runtime import RegionModule
+
+    def body(a, b):
+        return (a + b, a * b)
+
+    region_gm = torch.fx.symbolic_trace(body)
+    root = torch.nn.Module()
+    root.region_0 = RegionModule("region_0", region_gm, None, None, TorchExecutor(region_gm), device=torch.device("cpu"))
+    graph = torch.fx.Graph()
+    x, _, y = (graph.placeholder(n) for n in ("x", "w", "y"))
+    call = graph.call_module("region_0", (y, x))
+    items = [graph.call_function(operator.getitem, (call, i)) for i in (0, 1)]
+    graph.output(tuple(items[int(i)] for i in returned))
+    return torch.fx.GraphModule(root, graph)
+
+
+@pytest.mark.parametrize(("returned", "direct"), [("01", True), ("10", False), ("0", False)])
+def test_a_graph_that_is_one_region_is_called_without_its_graph_code(returned, direct):
+    from rtx_backend._runtime import direct_forward
+
+    gm = _one_region_graph(returned)
+    fn = direct_forward(gm)
+    assert (fn != gm.forward) == direct  # (a bound method compares equal to a fresh one)
+    args = (torch.randn(3), torch.randn(3), torch.randn(3))
+    expected = gm.forward(*args)
+    got = fn(*args)
+    assert isinstance(got, tuple) and len(got) == len(expected)
+    for g, e in zip(got, expected):
+        torch.testing.assert_close(g, e)
+
+
+def test_a_graph_with_pytorch_ops_around_its_region_keeps_its_graph_code():
+    model = eval_model(WithEagerOp())
+    x = torch.randn(2, 16)
+    y = compile_and_run(model, x, min_block_size=1, target_compute_capabilities=SM86, torch_executed_ops=["aten.sigmoid"])
+    torch.testing.assert_close(y, model(x))
+    from rtx_backend._runtime import direct_forward
+
+    gm = _LAST[0].plan.graph_module
+    assert len(regions()) == 2
+    assert direct_forward(gm) == gm.forward
