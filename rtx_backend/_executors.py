@@ -83,14 +83,15 @@ class OrtExecutor:
         ]
 
 
-def current_raw_stream(device_index: int) -> int:
-    """torch's current CUDA stream as a handle (no Stream object: this is on every call's path)."""
-    return torch._C._cuda_getCurrentRawStream(device_index)  # type: ignore[no-any-return]
+def _no_cuda(*args: Any) -> Any:
+    raise RuntimeError("this torch has no CUDA")
 
 
-def stream_capturing() -> bool:
-    """Whether torch's current CUDA stream is being captured into a CUDA graph."""
-    return torch._C._cuda_isCurrentStreamCapturing()  # type: ignore[no-any-return]
+# On every call's path, so the C functions themselves, not Python wrappers around them:
+# torch's current CUDA stream of a device as a handle (no Stream object), and whether the
+# current stream is being captured into a CUDA graph.
+current_raw_stream: Callable[[int], int] = getattr(torch._C, "_cuda_getCurrentRawStream", _no_cuda)
+stream_capturing: Callable[[], bool] = getattr(torch._C, "_cuda_isCurrentStreamCapturing", _no_cuda)
 
 
 # Inductor's allocator for its generated code: a CUDA tensor on the current device, without the
