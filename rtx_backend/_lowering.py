@@ -86,7 +86,10 @@ def lower(
 
 
 def without_autocast(direct: Callable[..., Any]) -> Callable[..., Any]:
-    """`direct` run as aot_autograd's wrapper runs a graph: with autocast off."""
+    """`direct` run as aot_autograd's wrapper runs a graph: with autocast off (`direct` itself
+    when it says it turns autocast off)."""
+    if getattr(direct, "autocast_off", False):
+        return direct
 
     def run(*args: Any) -> Any:
         if torch._C._is_any_autocast_enabled():

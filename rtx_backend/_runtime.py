@@ -209,9 +209,17 @@ def direct_forward(gm: torch.fx.GraphModule) -> Callable[..., Any]:
     ):
         return gm.forward
     pick = picker([placeholders.index(a) for a in call.args])  # type: ignore[arg-type]
+    forward = region.forward
 
-    def forward(*args: Any) -> tuple[torch.Tensor, ...]:
-        return region(*pick(args))  # type: ignore[no-any-return]
+    def direct(*args: Any) -> tuple[torch.Tensor, ...]:
+        # What GraphModule's call, then RegionModule.__call__, would do, in one frame: run with
+        # autocast off (as aot_autograd runs a graph) and hooks, if any, called.
+        if (torch._C._is_any_autocast_enabled() or region._forward_hooks or region._forward_pre_hooks
+                or _module._global_forward_hooks or _module._global_forward_pre_hooks):
+            with torch._C._DisableAutocast():
+                return region(*pick(args))  # type: ignore[no-any-return]
+        return forward(*pick(args))
 
-    return forward
+    direct.autocast_off = True  # type: ignore[attr-defined]  # (without_autocast leaves it as it is)
+    return direct
 

@@ -291,12 +291,12 @@ def test_the_compiled_graph_runs_its_generated_code_without_reentering_module_ca
 
 def _one_region_graph(returned: str) -> torch.fx.GraphModule:
     """A partitioned graph by hand: inputs x, w, y; one region module taking (y, x) that returns
-    (y + x, y * x); the graph returns `returned` of the region's results ("01", "10" or "0")."""
+    (y + x, y @ x); the graph returns `returned` of the region's results ("01", "10" or "0")."""
     from rtx_backend._executors import TorchExecutor
     from rtx_backend._runtime import RegionModule
 
     def body(a, b):
-        return (a + b, a * b)
+        return (a + b, a @ b)
 
     region_gm = torch.fx.symbolic_trace(body)
     root = torch.nn.Module()
@@ -316,7 +316,7 @@ def test_a_graph_that_is_one_region_is_called_without_its_graph_code(returned, d
     gm = _one_region_graph(returned)
     fn = direct_forward(gm)
     assert (fn != gm.forward) == direct  # (a bound method compares equal to a fresh one)
-    args = (torch.randn(3), torch.randn(3), torch.randn(3))
+    args = (torch.randn(3, 3), torch.randn(3), torch.randn(3, 3))
     expected = gm.forward(*args)
     got = fn(*args)
     assert isinstance(got, tuple) and len(got) == len(expected)
@@ -334,3 +334,24 @@ def test_a_graph_with_pytorch_ops_around_its_region_keeps_its_graph_code():
     gm = _LAST[0].plan.graph_module
     assert len(regions()) == 2
     assert direct_forward(gm) == gm.forward
+
+
+def test_a_region_called_directly_runs_with_autocast_off_and_calls_its_hooks():
+    from rtx_backend._runtime import direct_forward
+
+    gm = _one_region_graph("01")
+    fn = direct_forward(gm)
+    args = (torch.randn(3, 3), torch.randn(3), torch.randn(3, 3))
+    expected = gm.forward(*args)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert gm.forward(*args)[1].dtype == torch.bfloat16  # what autocast would do to the region's matmul
+        got = fn(*args)
+    assert [t.dtype for t in got] == [torch.float32, torch.float32]
+    torch.testing.assert_close(got, expected)
+    seen = []
+    handle = gm.region_0.register_forward_hook(lambda module, inputs, out: seen.append(len(inputs)))
+    fn(*args)
+    handle.remove()
+    fn(*args)
+    assert seen == [2]
+
