@@ -352,7 +352,7 @@ def overhead(cache_dir: str) -> dict[str, Any]:
 
     model = mlp(256, 2).eval().to(DEVICE, torch.float16).requires_grad_(False)
     x = torch.randn(1, 256, device=DEVICE, dtype=torch.float16)
-    n = 2000
+    n, rounds = 1000, 15
 
     def per_call(fn: Any) -> float:
         with torch.inference_mode():
@@ -387,14 +387,19 @@ def overhead(cache_dir: str) -> dict[str, Any]:
         if ctx is not None:
             timed["enqueue_us"] = functools.partial(lambda c, s, _: c.execute_async_v3(s), ctx, stream)
         samples: dict[str, list[float]] = {k: [] for k in timed}
-        for _ in range(5):  # interleaved rounds, medians: the host is shared and noisy
+        for _ in range(rounds):  # short interleaved rounds: the host is shared and its speed drifts
             for k, call in timed.items():
                 samples[k].append(per_call(call))
         row: dict[str, Any] = {"regions": len(regions), "kind": regions[0].kind if regions else None}
         row.update({k: statistics.median(v) for k, v in samples.items()})
-        if "enqueue_us" in row:
-            row["overhead_us"] = row["call_us"] - row["enqueue_us"]
-            row["ours_us"] = row["overhead_us"] - row["dynamo_floor_us"]
+        if "enqueue_us" in samples:
+            # each split is the median of its per-round differences (paired: a drift of the host's
+            # speed between rounds cancels out), not a difference of medians
+            paired = list(zip(samples["call_us"], samples["enqueue_us"], samples["dynamo_floor_us"]))
+            ours = [c - e - f for c, e, f in paired]
+            row["overhead_us"] = statistics.median(c - e for c, e, _ in paired)
+            row["ours_us"] = statistics.median(ours)
+            row["ours_us_quartiles"] = [round(q, 2) for q in statistics.quantiles(ours, n=4)]
         out[label] = row
     return out
 
