@@ -1,7 +1,8 @@
 """Executors: run one region's engine, ONNX model, or FX graph on a list of input tensors.
 
 All three share one interface, `__call__(tensors) -> list[Tensor]`, so that the runtime
-module, first-call validation and the cross-check compare them through the same code.
+module, first-call validation and the cross-check compare them through the same code
+(TrtExecutor also takes the tensors' shapes, when the caller has them: it is on every call's path).
 """
 
 from __future__ import annotations
@@ -132,7 +133,8 @@ class _Binding:
     config: Any  # the context borrows its runtime config (and the config's runtime cache)
     native_graphs: bool
     input_shapes: tuple[torch.Size, ...] = ()
-    outputs: list[tuple[tuple[int, ...], tuple[int, ...], torch.dtype]] = dataclasses.field(default_factory=list)
+    output_specs: list[tuple[tuple[int, ...], tuple[int, ...], torch.dtype]] = dataclasses.field(
+        default_factory=list)  # (shape, strides, dtype) of each output at input_shapes
     addresses: dict[str, int] = dataclasses.field(default_factory=dict)
     memory: tuple[int, int] = (0, 0)  # (address, size) given with set_device_memory
     capture_scratch: torch.Tensor | None = None  # scratch memory of the last captured call
@@ -315,15 +317,15 @@ class TrtExecutor:
                 ctx.set_tensor_address(name, ptr)
                 addresses[name] = ptr
         if new_shapes:
-            b.outputs = []
+            b.output_specs = []
             for name, dtype in zip(self.output_names, self.output_dtypes):
                 shape = tuple(ctx.get_tensor_shape(name))
-                b.outputs.append((shape, tuple(make_contiguous_strides_for(shape)), dtype))
+                b.output_specs.append((shape, tuple(make_contiguous_strides_for(shape)), dtype))
             b.input_shapes = shapes
         outputs = []
         device = self.device
         fast = _empty_strided_cuda if index is not None and torch._C._cuda_getDevice() == index else None
-        for name, (shape, strides, dtype) in zip(self.output_names, b.outputs):
+        for name, (shape, strides, dtype) in zip(self.output_names, b.output_specs):
             if fast is not None:
                 out = fast(shape, strides, dtype)
             else:
