@@ -167,7 +167,7 @@ def _region_check(
     except Exception as exc:
         return RuntimeCheck(label, runtime, PYTORCH, error=f"could not load: {type(exc).__name__}: {exc}")
     try:
-        outputs = executor([args[i] for i in region.onnx.tensor_args])
+        outputs = executor(region.pick_tensors(args))
     except Exception as exc:
         return RuntimeCheck(label, runtime, PYTORCH, error=f"failed to run: {type(exc).__name__}: {exc}")
     if len(outputs) != len(reference):
