@@ -1,8 +1,10 @@
 """GPU probe: where the time to first result goes in a fresh process (ResNet-18, FP16), cold and
 with the engine and runtime caches present: seconds per pipeline stage, then cProfile's top
-functions of the warm start.
+functions of the warm start. Warm children alternate with ones that pay Dynamo's one-time costs
+(a tiny module traced by a do-nothing backend) before the clock starts: the difference is
+what Dynamo's first trace in a process costs over its later ones.
 
-    python bench/probes/warmstart.py            # parent: runs a cold child, then a warm one
+    python bench/probes/warmstart.py            # parent: a cold child, then warm ones
 """
 
 from __future__ import annotations
@@ -70,7 +72,19 @@ def synchronous_setup() -> None:
     _executors._SETUP = types.SimpleNamespace(submit=submit)
 
 
-def child(cache: str, profile: bool, sync: bool = False) -> None:
+def dynamo_first_use() -> float:
+    """Trace a tiny module with a backend that does nothing: Dynamo's one-time costs in a process
+    (lazy imports, rule tables, first fake-tensor dispatches). Returns seconds."""
+    import torch
+
+    t = time.perf_counter()
+    tiny = torch.compile(torch.nn.Linear(4, 4), backend=lambda gm, example_inputs: gm.forward)
+    with torch.inference_mode():
+        tiny(torch.randn(2, 4))
+    return time.perf_counter() - t
+
+
+def child(cache: str, profile: bool, sync: bool = False, prewarm: bool = False) -> None:
     t0 = time.perf_counter()
     import torch
     import torchvision
@@ -81,6 +95,7 @@ def child(cache: str, profile: bool, sync: bool = False) -> None:
         synchronous_setup()
 
     t_import = time.perf_counter() - t0
+    t_dynamo_first_use = dynamo_first_use() if prewarm else None
     timings: dict[str, float] = {}
     for module, name in STAGES:
         wrap(timings, module, name)
@@ -113,7 +128,7 @@ def child(cache: str, profile: bool, sync: bool = False) -> None:
     rtx_backend.save_runtime_cache()
     split = {"dynamo_trace": marks.get("backend_in"), "backend": marks.get("backend_out", 0) - marks.get("backend_in", 0),
              "after_backend": first - marks.get("backend_out", 0)}
-    print(json.dumps({"import_s": t_import, "first_result_s": first, "split_s": split,
+    print(json.dumps({"import_s": t_import, "dynamo_first_use_s": t_dynamo_first_use, "first_result_s": first, "split_s": split,
                       "stages_s": {k: round(v, 3) for k, v in timings.items()}, "stats": rtx_backend.stats()}))
     if profile:
         s = io.StringIO()
@@ -123,10 +138,10 @@ def child(cache: str, profile: bool, sync: bool = False) -> None:
 
 def main() -> None:
     if len(sys.argv) > 1:
-        child(sys.argv[1], sys.argv[2] == "1", sys.argv[3:] == ["sync"])
+        child(sys.argv[1], sys.argv[2] == "1", "sync" in sys.argv[3:], "prewarm" in sys.argv[3:])
         return
     cache = tempfile.mkdtemp(prefix="trtrtx-warm-")
-    runs = [("cold", "0")] + [("warm", "0"), ("warm_sync_setup", "0 sync")] * 3 + [("warm_profiled", "1")]
+    runs = [("cold", "0")] + [("warm", "0"), ("warm_dynamo_prewarmed", "0 prewarm")] * 4 + [("warm_profiled", "1")]
     for label, profile in runs:
         res = subprocess.run([sys.executable, __file__, cache, *profile.split()], capture_output=True, text=True)
         print(label, res.stdout.strip().splitlines()[-1] if res.stdout.strip() else res.stderr[-3000:])
