@@ -11,8 +11,8 @@ from __future__ import annotations
 import argparse
 import collections
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import torch
 from torch.profiler import ProfilerActivity, profile
