@@ -9,6 +9,7 @@ scores. Variants of the exported region, each built and timed in our executor:
     split:   Reshape to [B, S, 3, H, D], Split on the 3, then each [B, S, H, D] -> [B, H, S, D]
     gemms:   three Gemms (the weight's row blocks), each reshaped and transposed on its own, K
              straight to [B, H, D, S]
+    attention_op: the scores, softmax and weighted sum as one ONNX Attention node (opset 23)
 
     python bench/probes/encoder_layouts.py           # on the GPU
     python bench/probes/encoder_layouts.py MODEL.onnx  # on CPU: ONNX Runtime checks the variants
@@ -138,8 +139,45 @@ def _k_path(graph: onnx.GraphProto, users: dict, name: str) -> list[onnx.NodePro
     return [first, nxt[0], second[0]]
 
 
+def attention_variant(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Mul(q, s), Mul(K^T, s), MatMul, Softmax, MatMul -> one ONNX Attention (opset 23) on q, K
+    and v, scale s*s: TensorRT-RTX's parser makes it an IAttention layer."""
+    model = onnx.ModelProto.FromString(model.SerializeToString())
+    graph = model.graph
+    producers = {o: n for n in graph.node for o in n.output}
+    users = _users(graph)
+    for n, second in enumerate([n for n in graph.node if n.op_type == "MatMul"]):
+        softmax = producers.get(second.input[0])
+        first = producers.get(softmax.input[0]) if softmax is not None and softmax.op_type == "Softmax" else None
+        if first is None or first.op_type != "MatMul":
+            continue
+        mq, mk = producers.get(first.input[0]), producers.get(first.input[1])
+        if mq is None or mk is None or mq.op_type != "Mul" or mk.op_type != "Mul":
+            continue
+        scale = float(_const(graph, mq.input[1]).reshape(-1)[0]) * float(_const(graph, mk.input[1]).reshape(-1)[0])
+        reshape_back = producers.get(mk.input[0])  # Reshape(Transpose(Reshape(k)))
+        transpose = producers.get(reshape_back.input[0]) if reshape_back is not None else None
+        reshape_in = producers.get(transpose.input[0]) if transpose is not None else None
+        if reshape_in is None or reshape_in.op_type != "Reshape":
+            continue
+        k = reshape_in.input[0]
+        dead = [mq, mk, first, softmax, second]
+        if all(len(users[x.output[0]]) == 1 for x in (reshape_in, transpose, reshape_back)):
+            dead += [reshape_in, transpose, reshape_back]
+        at = list(graph.node).index(second)
+        attention = helper.make_node("Attention", [mq.input[0], k, second.input[1]], [second.output[0]],
+                                     name=f"attention_{n}", scale=scale)
+        graph.node.insert(at, attention)
+        for node in dead:
+            graph.node.remove(node)
+    for opset in model.opset_import:
+        if opset.domain in ("", "ai.onnx"):
+            opset.version = max(opset.version, 23)
+    return model
+
+
 VARIANTS: dict[str, Callable[[onnx.ModelProto], onnx.ModelProto]] = {
-    "packed": lambda m: m, "split": split_variant, "gemms": gemms_variant}
+    "packed": lambda m: m, "split": split_variant, "gemms": gemms_variant, "attention_op": attention_variant}
 
 
 def check_on_cpu(path: str) -> None:
