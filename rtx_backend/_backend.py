@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import copy
 import functools
 import logging
@@ -101,14 +102,21 @@ def from_graph_cache(
     """The compiled graph of a graph-cache entry, its regions made from their engine-cache
     entries; None when there is none or it cannot be used (then the graph is compiled)."""
     start = time.perf_counter()
-    entry = graphs.load(key, example_inputs)
     engines = EngineCache.for_options(options)
-    if entry is None or engines is None:
+    if engines is None:
+        return None
+    fetched: dict[str, concurrent.futures.Future[CacheEntry | None]] = {}  # region -> its engine's read ahead
+
+    def fetch_engines(refs: list[RegionRef]) -> None:
+        fetched.update(zip([r.name for r in refs], _engine_cache.fetch_ahead(engines, [r.engine for r in refs])))
+
+    entry = graphs.load(key, example_inputs, on_header=fetch_engines)
+    if entry is None:
         return None
     modules = []
     try:
         for ref in entry.regions:
-            hit = engines.load(ref.engine)
+            hit = engines.load(ref.engine, fetched=fetched.get(ref.name))
             if hit is None:
                 return None
             module = runtime_module(ref.name, entry.references[ref.name], hit.region, hit.engine, hit.profile,

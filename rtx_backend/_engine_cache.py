@@ -102,6 +102,21 @@ def _finished(future: concurrent.futures.Future[Any]) -> None:
         log.warning("trtrtx: writing to the engine cache failed: %s", future.exception())
 
 
+_reader: concurrent.futures.ThreadPoolExecutor | None = None
+_reader_lock = threading.Lock()
+
+
+def fetch_ahead(cache: EngineCache, keys: Sequence[Key]) -> list[concurrent.futures.Future[Entry | None]]:
+    """Begin `cache.fetch` of each key on reader threads: reading a file and checking its sums let
+    go of the GIL, so a graph-cache hit reads its engines while it unpickles its graph, and a
+    graph of several regions reads their engines at once. Pass each future to `load`."""
+    global _reader
+    with _reader_lock:
+        if _reader is None:
+            _reader = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="trtrtx-cache-read")
+        return [_reader.submit(cache.fetch, key) for key in keys]
+
+
 def flush(key: Key | None = None, timeout: float | None = None) -> None:
     """Wait until the cache files submitted so far (of `key`, or all) are written."""
     with _writer_lock:
@@ -298,17 +313,27 @@ class EngineCache:
     def path(self, key: Key) -> Path:
         return entry_path(self.directory, key)
 
-    def load(self, key: Key, inputs: Sequence[TensorSpec] | None = None) -> Entry | None:
-        """The entry for `key`, or None (a miss; unusable files are a warning)."""
+    def fetch(self, key: Key) -> Entry | None:
+        """Read and check the entry's file, and nothing else (no statistics, no use recorded):
+        None when there is none; raises OSError or CorruptEntry. `load` accounts for it, so a
+        caller may fetch ahead (on another thread) and pass the result to `load` when it knows
+        that it needs the entry."""
         flush(key)  # an entry this process is still writing is a hit, not a second build
+        data = _files.read_bytes(self.path(key))
+        return decode(data, key) if data is not None else None
+
+    def load(
+        self, key: Key, inputs: Sequence[TensorSpec] | None = None,
+        fetched: concurrent.futures.Future[Entry | None] | None = None,
+    ) -> Entry | None:
+        """The entry for `key`, or None (a miss; unusable files are a warning). `fetched`: the
+        entry's `fetch`, begun earlier."""
         path = self.path(key)
         entry = None
         try:
-            data = _files.read_bytes(path)
-            if data is not None:
-                entry = decode(data, key)
-                if inputs is not None and entry.region.inputs != tuple(inputs):
-                    raise CorruptEntry("its input specs differ from this region's")
+            entry = fetched.result() if fetched is not None else self.fetch(key)
+            if entry is not None and inputs is not None and entry.region.inputs != tuple(inputs):
+                raise CorruptEntry("its input specs differ from this region's")
         except (OSError, CorruptEntry) as exc:
             log.warning("trtrtx: engine cache entry %s is unusable (%s); building the engine again", path, exc)
             entry = None

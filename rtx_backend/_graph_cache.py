@@ -17,7 +17,8 @@ An entry is one file, `<key>.graph`, in the engine cache directory: MAGIC, the h
 and device, the payload's size and SHA-256) and the payload: a pickle of the partitioned
 GraphModule and of each region's ATen graph (GraphModule pickles as code), in which the regions
 and the weights are references, not copies. A hit binds the references to the weights Dynamo
-passed and to runtime modules made from the engine-cache entries. A file that fails a check, a
+passed and to runtime modules made from the engine-cache entries, which it begins to read (on
+reader threads) as soon as the header has named them, while it checks and unpickles the payload. A file that fails a check, a
 missing engine, anything a hit cannot rebuild: a warning (a debug message for a missing engine)
 and the full compile, which writes the entry again.
 """
@@ -32,7 +33,7 @@ import io
 import logging
 import os
 import pickle
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -236,14 +237,20 @@ def encode(key: Key, entry: Entry, weights: dict[int, torch.Tensor]) -> list[byt
     return [*_engine_cache.framed_header(MAGIC, header), payload]
 
 
-def decode(data: bytes, key: Key, example_inputs: Sequence[Any]) -> Entry:
-    """The entry in `data`, its weights bound to `example_inputs`; raises CorruptEntry."""
+def decode(
+    data: bytes, key: Key, example_inputs: Sequence[Any], on_header: Callable[[list[RegionRef]], None] | None = None
+) -> Entry:
+    """The entry in `data`, its weights bound to `example_inputs`; raises CorruptEntry.
+    `on_header` is given the regions named by the checked header, before the payload is checked
+    and unpickled (the caller may begin reading their engines)."""
     header, at = _engine_cache.read_header(data, MAGIC, key, FORMAT)
     try:
+        regions = [RegionRef(r["name"], Key(r["engine"], r["engine_fields"]), r["device"]) for r in header["regions"]]
+        if on_header is not None:
+            on_header(regions)
         payload = memoryview(data)[at:]
         if len(payload) != header["payload"]["size"] or hashlib.sha256(payload).hexdigest() != header["payload"]["sha256"]:
             raise CorruptEntry("payload truncated or damaged")
-        regions = [RegionRef(r["name"], Key(r["engine"], r["engine_fields"]), r["device"]) for r in header["regions"]]
     except CorruptEntry:
         raise
     except (ValueError, KeyError, TypeError) as exc:
@@ -320,13 +327,16 @@ class GraphCache:
             return None
         return cls(directory) if _targets.can_build(options) else None
 
-    def load(self, key: Key, example_inputs: Sequence[Any]) -> Entry | None:
-        """The entry, or None: a miss, or a file that fails a check (a warning)."""
+    def load(
+        self, key: Key, example_inputs: Sequence[Any], on_header: Callable[[list[RegionRef]], None] | None = None
+    ) -> Entry | None:
+        """The entry, or None: a miss, or a file that fails a check (a warning). `on_header`: see
+        `decode`."""
         path = path_of(self.directory, key)
         _engine_cache.flush()  # this process may still be writing it
         try:
             data = _files.read_bytes(path)
-            entry = decode(data, key, example_inputs) if data is not None else None
+            entry = decode(data, key, example_inputs, on_header) if data is not None else None
         except (OSError, CorruptEntry) as exc:
             log.warning("trtrtx: graph cache entry %s is unusable (%s); compiling the graph again", path, exc)
             entry = None

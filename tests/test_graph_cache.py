@@ -10,6 +10,7 @@ import pickle
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
 
 import pytest
@@ -184,6 +185,67 @@ def test_damaged_entry_is_a_warning_a_compile_and_a_rewrite(tmp_path, caplog, da
     assert path.read_bytes() == data  # written again by the full compile
     _again(model, x, _opts(tmp_path))
     assert rtx_backend.stats()["graph_cache_hits"] == 1
+
+
+def test_a_hit_reads_its_engines_while_it_unpickles_its_graph(tmp_path, monkeypatch):
+    """The engine entries named by the graph entry's header are read on the cache's reader
+    threads, begun before the graph's payload is unpickled; each is accounted once."""
+    model, x = eval_model(WithEagerOp()), torch.randn(3, 16)
+    options = _opts(tmp_path, torch_executed_ops=["aten.sigmoid.default"])
+    first = compile_and_run(model, x, **options)
+    assert len(_LAST[0].plan.regions) == 2
+    events: list[str] = []
+    readers: list[str] = []
+    fetch_ahead, unpickle, fetch = _engine_cache.fetch_ahead, _graph_cache._Unpickler.load, _engine_cache.EngineCache.fetch
+
+    def spy_fetch_ahead(cache, keys):
+        events.append(f"fetch_ahead {len(keys)}")
+        return fetch_ahead(cache, keys)
+
+    def spy_unpickle(self):
+        events.append("unpickle")
+        return unpickle(self)
+
+    def spy_fetch(self, key):
+        readers.append(threading.current_thread().name)
+        return fetch(self, key)
+
+    monkeypatch.setattr(_engine_cache, "fetch_ahead", spy_fetch_ahead)
+    monkeypatch.setattr(_graph_cache._Unpickler, "load", spy_unpickle)
+    monkeypatch.setattr(_engine_cache.EngineCache, "fetch", spy_fetch)
+    second = _again(model, x, options)
+    stats = rtx_backend.stats()
+    assert stats["graph_cache_hits"] == 1 and stats["engine_cache_hits"] == 2 and "engine_cache_misses" not in stats
+    assert events == ["fetch_ahead 2", "unpickle"]
+    assert len(readers) == 2 and all(name.startswith("trtrtx-cache-read") for name in readers)
+    torch.testing.assert_close(second, first, rtol=0, atol=0)
+
+
+def test_an_engine_read_ahead_that_fails_its_check_is_rebuilt(tmp_path, caplog):
+    """A damaged engine entry found by the read ahead of a graph-cache hit: a warning, a build."""
+    model, x = eval_model(ConvNet()), torch.randn(2, 3, 16, 16)
+    expected = compile_and_run(model, x, **_opts(tmp_path))
+    (engine,) = _files(tmp_path, ".engine")
+    data = engine.read_bytes()
+    engine.write_bytes(data[:-40] + bytes(b ^ 0x5A for b in data[-40:]))
+    with caplog.at_level(logging.WARNING, logger="rtx_backend"):
+        out = _again(model, x, _opts(tmp_path))
+    assert "engine cache entry" in caplog.text and "checksum" in caplog.text
+    assert rtx_backend.stats()["engine_builds"] == 1
+    torch.testing.assert_close(out, expected, rtol=0, atol=0)
+
+
+def test_a_damaged_graph_entry_does_not_count_the_engines_it_read_ahead(tmp_path):
+    """Engines read ahead for a graph entry whose payload then fails its check are not hits: the
+    compile that follows loads (and counts) them itself."""
+    model, x = eval_model(ConvNet()), torch.randn(2, 3, 16, 16)
+    compile_and_run(model, x, **_opts(tmp_path))
+    path = _files(tmp_path, ".graph")[0]
+    data = path.read_bytes()
+    path.write_bytes(data[:-40] + bytes(b ^ 0x5A for b in data[-40:]))  # the header checks out
+    _again(model, x, _opts(tmp_path))
+    stats = rtx_backend.stats()
+    assert stats["graph_cache_misses"] == 1 and stats["engine_cache_hits"] == 1 and "engine_builds" not in stats
 
 
 def test_payload_that_unpickles_wrong_is_rejected(tmp_path, caplog):
