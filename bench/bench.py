@@ -13,6 +13,7 @@ import argparse
 import contextlib
 import datetime
 import functools
+import gc
 import json
 import os
 import platform
@@ -20,6 +21,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -131,6 +133,59 @@ def latencies(fn: Callable[[], Any], iters: int) -> list[float]:
     return out
 
 
+def device_used() -> int:
+    """Bytes in use on the current GPU by the driver's count (every process and allocator)."""
+    free, total = torch.cuda.mem_get_info()
+    return total - free
+
+
+class PeakMemory:
+    """A block's peak GPU memory above where it stood when the block began, counted two ways:
+    - torch_mb: by PyTorch's allocator (max_memory_allocated): what PyTorch allocated, trtrtx's
+      engine scratch memory among it, but not what TensorRT-RTX (an engine's weights, a context's
+      own memory) or another runtime allocates for itself;
+    - device_mb: by the driver (`used`, cudaMemGetInfo by default), polled on a thread every
+      `interval` seconds: every allocation of the process, whoever made it. A spike shorter than
+      the interval can be missed.
+    At the start, garbage is collected and PyTorch's unused cached blocks are returned, so that
+    what earlier backends freed is not counted against this one."""
+
+    def __init__(self, used: Callable[[], int] | None = None, interval: float = 0.002) -> None:
+        self.used = used if used is not None else (device_used if CUDA else None)
+        self.interval = interval
+        self.torch_mb: float | None = None
+        self.device_mb: float | None = None
+
+    def __enter__(self) -> PeakMemory:
+        gc.collect()
+        if CUDA:
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
+            self.torch_base = torch.cuda.memory_allocated()
+        self.stop = threading.Event()
+        if self.used is not None:
+            self.base = self.peak = self.used()
+            self.poller = threading.Thread(target=self._poll, daemon=True)
+            self.poller.start()
+        return self
+
+    def _poll(self) -> None:
+        assert self.used is not None
+        while not self.stop.wait(self.interval):
+            self.peak = max(self.peak, self.used())
+
+    def __exit__(self, *exc: object) -> None:
+        sync()
+        self.stop.set()
+        if self.used is not None:
+            self.poller.join()
+            self.peak = max(self.peak, self.used())
+            self.device_mb = (self.peak - self.base) / 2**20
+        if CUDA:
+            self.torch_mb = (torch.cuda.max_memory_allocated() - self.torch_base) / 2**20
+
+
 def p90(values: list[float]) -> float:
     return sorted(values)[int(0.9 * (len(values) - 1))]
 
@@ -154,23 +209,21 @@ def run_config(name: str, factory: Callable[[], nn.Module], shape: tuple[int, ..
     for bname, make in backends.items():
         torch._dynamo.reset()
         rtx_backend.reset_stats()
-        if CUDA:
-            torch.cuda.reset_peak_memory_stats()
         row: dict[str, Any] = {}
         try:
-            fn = make(model)
-            t = time.perf_counter()
-            with torch.inference_mode(), recording() as graphs:
-                out = fn(x)
-                sync()
-            row["cold_compile_s"] = time.perf_counter() - t
-            regions[bname] = [r for g in graphs for r in g.regions]
-            with torch.inference_mode():
-                for _ in range(3):
+            with PeakMemory() as memory:  # the compile and the first calls
+                fn = make(model)
+                t = time.perf_counter()
+                with torch.inference_mode(), recording() as graphs:
                     out = fn(x)
-                sync()
+                    sync()
+                row["cold_compile_s"] = time.perf_counter() - t
+                regions[bname] = [r for g in graphs for r in g.regions]
+                with torch.inference_mode():
+                    for _ in range(3):
+                        out = fn(x)
             row["max_err_vs_fp32"] = (out.float() - ref).abs().max().item()
-            row["peak_mem_mb"] = torch.cuda.max_memory_allocated() / 2**20 if CUDA else None
+            row["peak_device_mb"], row["peak_torch_mb"] = memory.device_mb, memory.torch_mb
             row["engine_builds"] = rtx_backend.stats().get("engine_builds", 0) if "trtrtx" in bname else None
             compiled[bname] = fn
             row["lat"] = []
@@ -467,18 +520,32 @@ def table(results: dict[str, Any]) -> str:
         ratios = " | ".join(f"{best / b[p]['median_ms']:.2f}" if "median_ms" in b.get(p, {}) else "-"
                             for p in ("torch_tensorrt", "inductor-ro", "inductor"))
         lines.append(f"| {c['model']} | {tuple(c['shape'])} | {c['dtype']} | {ratios} | {split} |")
-    lines += ["", "| model | shape | dtype | backend | cold compile s | peak MB | max err vs fp32 | engine builds "
+    lines += ["", "Peak MB: the GPU memory that compiling and the first calls took, above where it stood before "
+              "(device: the driver's count, TensorRT-RTX's and other runtimes' own memory included; in brackets, "
+              "PyTorch's allocator alone). Earlier results (`peak MB`) counted PyTorch's allocator alone, "
+              "from zero.",
+              "", "| model | shape | dtype | backend | cold compile s | peak MB device (torch) | max err vs fp32 | engine builds "
               "| regions (in PyTorch) |", "|---|---|---|---|---|---|---|---|---|"]
     for c in results["configs"]:
         for b, row in c["backends"].items():
             if "error" in row:
                 lines.append(f"| {c['model']} | {tuple(c['shape'])} | {c['dtype']} | {b} | error: {row['error'][:80]} | | | | |")
                 continue
-            mem = f"{row['peak_mem_mb']:.0f}" if row.get("peak_mem_mb") is not None else "-"
+            mem = memory_cell(row)
             lines.append(f"| {c['model']} | {tuple(c['shape'])} | {c['dtype']} | {b} | {row['cold_compile_s']:.2f} | "
                          f"{mem} | {row['max_err_vs_fp32']:.2e} | {row.get('engine_builds') if row.get('engine_builds') is not None else '-'} | "
                          f"{row.get('regions') if row.get('regions') is not None else '-'} ({row.get('regions_in_pytorch', '-')}) |")
     return "\n".join(lines)
+
+
+def memory_cell(row: dict[str, Any]) -> str:
+    """`device (torch)` peak MB; `peak_mem_mb` alone in results saved before both were measured."""
+    device, torch_mb = row.get("peak_device_mb"), row.get("peak_torch_mb", row.get("peak_mem_mb"))
+    if device is None and torch_mb is None:
+        return "-"
+    if device is not None and torch_mb is not None:
+        return f"{device:.0f} ({torch_mb:.0f})"
+    return f"{device if device is not None else torch_mb:.0f}"
 
 
 def plot(results: dict[str, Any], path: Path) -> bool:

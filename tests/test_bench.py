@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
+import threading
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -74,3 +78,38 @@ def test_bench_starts_take_the_median_of_rounds_of_fresh_processes(tmp_path):
         assert len(samples) == 2 and all(s > 0 for s in samples), kind
         assert abs(row["first_result_s"] - sum(samples) / 2) < 2e-3, kind  # the median of two
     assert starts["cold"]["stats"]["validations"] == 1  # a cold start checks its region once
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("bench_script", ROOT / "bench" / "bench.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_peak_memory_is_the_polled_peak_above_the_start(bench):
+    """Device memory is polled on a thread: a peak inside the block counts, what stood before
+    does not, and what the block still holds at its end counts when it is the most."""
+    level = {"bytes": 100 << 20}
+    polled_high = threading.Event()
+
+    def used() -> int:
+        if level["bytes"] == 300 << 20:
+            polled_high.set()
+        return level["bytes"]
+
+    with bench.PeakMemory(used, interval=0.001) as peak:
+        level["bytes"] = 300 << 20
+        assert polled_high.wait(10)  # the poller has seen the high point
+        level["bytes"] = 150 << 20
+    assert peak.device_mb == 200
+    with bench.PeakMemory(used, interval=60) as held:  # no poll falls inside: the end is read
+        level["bytes"] = 180 << 20
+    assert held.device_mb == 30
+
+
+def test_memory_cells_read_both_counts_and_older_results(bench):
+    assert bench.memory_cell({"peak_device_mb": 412.4, "peak_torch_mb": 343.0}) == "412 (343)"
+    assert bench.memory_cell({"peak_mem_mb": 61.2}) == "61"  # saved before the device count
+    assert bench.memory_cell({"peak_device_mb": None, "peak_torch_mb": None}) == "-"
