@@ -10,6 +10,7 @@ import json
 import statistics
 import sys
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -62,15 +63,21 @@ def attention_layers(executor: TrtExecutor) -> list[str]:
     return [n for n in names if any(k in n.lower() for k in ("mha", "attention", "fmha", "softmax"))]
 
 
-def main() -> None:
+def encoder_region() -> tuple[torch.Tensor, torch.Tensor, Any]:
+    """The benchmark's encoder (batch 16, FP16) compiled by trtrtx: its input, its output and
+    its one region."""
     torch.manual_seed(0)
     model = bench.encoder().eval().cuda().half().requires_grad_(False)
     x = torch.randn(16, 256, 768, device="cuda", dtype=torch.float16)
     fn = torch.compile(model, backend="trtrtx", options={"engine_cache_dir": "", "validate": False})
     with torch.inference_mode(), recording() as graphs:
         ref = fn(x)
-    region = graphs[0].regions[0]
-    print("regions", [r.kind for g in graphs for r in g.regions], "inputs", region.onnx.inputs, flush=True)
+    return x, ref, graphs[0].regions[0]
+
+
+def main() -> None:
+    x, ref, region = encoder_region()
+    print("region", region.kind, "inputs", region.onnx.inputs, flush=True)
     if len(region.onnx.inputs) != 1:
         raise SystemExit("expected one region taking the encoder's input")
     trt = _trt.trt()

@@ -207,22 +207,13 @@ def main() -> None:
         return
     import torch
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from encoder_knobs import attention_layers, build, engine_ms
+    from encoder_knobs import attention_layers, build, encoder_region, engine_ms
 
-    import bench
     from rtx_backend._executors import TrtExecutor
     from rtx_backend._options import Options
-    from rtx_backend._record import recording
 
-    torch.manual_seed(0)
-    model = bench.encoder().eval().cuda().half().requires_grad_(False)
-    x = torch.randn(16, 256, 768, device="cuda", dtype=torch.float16)
-    fn = torch.compile(model, backend="trtrtx", options={"engine_cache_dir": "", "validate": False})
-    with torch.inference_mode(), recording() as graphs:
-        ref = fn(x)
-    region = graphs[0].regions[0]
+    x, ref, region = encoder_region()
     exported = onnx.load_from_string(region.onnx.model)
     print("packed projections found:", len(_packed_qkv(exported.graph)), flush=True)
     options = Options.from_dict({"engine_cache_dir": ""})
