@@ -108,7 +108,10 @@ def from_graph_cache(
     fetched: dict[str, concurrent.futures.Future[CacheEntry | None]] = {}  # region -> its engine's read ahead
 
     def fetch_engines(refs: list[RegionRef]) -> None:
-        fetched.update(zip([r.name for r in refs], _engine_cache.fetch_ahead(engines, [r.engine for r in refs])))
+        try:
+            fetched.update(zip([r.name for r in refs], _engine_cache.fetch_ahead(engines, [r.engine for r in refs])))
+        except RuntimeError as exc:  # no new threads (the interpreter is exiting): loads read them in turn
+            log.debug("trtrtx: engine entries not read ahead: %s", exc)
 
     entry = graphs.load(key, example_inputs, on_header=fetch_engines)
     if entry is None:

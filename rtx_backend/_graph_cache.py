@@ -18,9 +18,9 @@ and device, the payload's size and SHA-256) and the payload: a pickle of the par
 GraphModule and of each region's ATen graph (GraphModule pickles as code), in which the regions
 and the weights are references, not copies. A hit binds the references to the weights Dynamo
 passed and to runtime modules made from the engine-cache entries, which it begins to read (on
-reader threads) as soon as the header has named them, while it checks and unpickles the payload. A file that fails a check, a
-missing engine, anything a hit cannot rebuild: a warning (a debug message for a missing engine)
-and the full compile, which writes the entry again.
+reader threads) as soon as the header has named them, while it checks and unpickles the
+payload. A file that fails a check, a missing engine, anything a hit cannot rebuild: a warning
+(a debug message for a missing engine) and the full compile, which writes the entry again.
 """
 
 from __future__ import annotations
@@ -246,15 +246,14 @@ def decode(
     header, at = _engine_cache.read_header(data, MAGIC, key, FORMAT)
     try:
         regions = [RegionRef(r["name"], Key(r["engine"], r["engine_fields"]), r["device"]) for r in header["regions"]]
-        if on_header is not None:
-            on_header(regions)
-        payload = memoryview(data)[at:]
-        if len(payload) != header["payload"]["size"] or hashlib.sha256(payload).hexdigest() != header["payload"]["sha256"]:
-            raise CorruptEntry("payload truncated or damaged")
-    except CorruptEntry:
-        raise
+        size, digest = int(header["payload"]["size"]), header["payload"]["sha256"]
     except (ValueError, KeyError, TypeError) as exc:
         raise CorruptEntry(f"unreadable header ({type(exc).__name__}: {exc})") from exc
+    if on_header is not None:
+        on_header(regions)
+    payload = memoryview(data)[at:]
+    if len(payload) != size or hashlib.sha256(payload).hexdigest() != digest:
+        raise CorruptEntry("payload truncated or damaged")
     try:
         body = _Unpickler(io.BytesIO(payload), example_inputs).load()
         entry = Entry(body["graph_module"], body["references"], regions, body["reasons"], body["eager_ops"])

@@ -221,6 +221,22 @@ def test_a_hit_reads_its_engines_while_it_unpickles_its_graph(tmp_path, monkeypa
     torch.testing.assert_close(second, first, rtol=0, atol=0)
 
 
+def test_a_hit_without_reader_threads_reads_its_engines_in_turn(tmp_path, monkeypatch):
+    """When no thread can be started (the interpreter is exiting), the hit loads its engines on
+    the calling thread."""
+    model, x = eval_model(ConvNet()), torch.randn(2, 3, 16, 16)
+    first = compile_and_run(model, x, **_opts(tmp_path))
+
+    def no_threads(cache, keys):
+        raise RuntimeError("cannot schedule new futures after interpreter shutdown")
+
+    monkeypatch.setattr(_engine_cache, "fetch_ahead", no_threads)
+    second = _again(model, x, _opts(tmp_path))
+    stats = rtx_backend.stats()
+    assert stats["graph_cache_hits"] == 1 and stats["engine_cache_hits"] == 1 and "engine_builds" not in stats
+    torch.testing.assert_close(second, first, rtol=0, atol=0)
+
+
 def test_an_engine_read_ahead_that_fails_its_check_is_rebuilt(tmp_path, caplog):
     """A damaged engine entry found by the read ahead of a graph-cache hit: a warning, a build."""
     model, x = eval_model(ConvNet()), torch.randn(2, 3, 16, 16)
