@@ -65,8 +65,18 @@ def _packed_qkv(graph: onnx.GraphProto) -> list[tuple[onnx.NodeProto, ...]]:
     return found
 
 
+def _copy(model: onnx.ModelProto) -> onnx.ModelProto:
+    return onnx.ModelProto.FromString(model.SerializeToString())
+
+
+def _insert(graph: onnx.GraphProto, at: int, nodes: list[onnx.NodeProto]) -> None:
+    """Put `nodes` into the graph's node list at index `at`, in order."""
+    for k, node in enumerate(nodes):
+        graph.node.insert(at + k, node)
+
+
 def split_variant(model: onnx.ModelProto) -> onnx.ModelProto:
-    model = onnx.ModelProto.FromString(model.SerializeToString())
+    model = _copy(model)
     graph = model.graph
     for n, (_gemm, reshape, transpose, *rest) in enumerate(_packed_qkv(graph)):
         squeezes = rest[3:]
@@ -78,14 +88,12 @@ def split_variant(model: onnx.ModelProto) -> onnx.ModelProto:
         for i, squeeze in enumerate(squeezes):
             new.append(helper.make_node("Squeeze", [parts[i], f"qkv{n}_axis"], [f"{parts[i]}_sq"]))
             new.append(helper.make_node("Transpose", [f"{parts[i]}_sq"], [squeeze.output[0]], perm=[0, 2, 1, 3]))
-        at = list(graph.node).index(reshape) + 1
-        for k, node in enumerate(new):
-            graph.node.insert(at + k, node)
+        _insert(graph, list(graph.node).index(reshape) + 1, new)
     return model
 
 
 def gemms_variant(model: onnx.ModelProto) -> onnx.ModelProto:
-    model = onnx.ModelProto.FromString(model.SerializeToString())
+    model = _copy(model)
     graph = model.graph
     for n, (gemm, reshape, transpose, *rest) in enumerate(_packed_qkv(graph)):
         squeezes = rest[3:]
@@ -117,8 +125,7 @@ def gemms_variant(model: onnx.ModelProto) -> onnx.ModelProto:
                 new.append(helper.make_node("Transpose", [f"qkv{n}_r{i}"], [kpath[-1].output[0]], perm=[0, 2, 3, 1]))
             else:
                 new.append(helper.make_node("Transpose", [f"qkv{n}_r{i}"], [squeeze.output[0]], perm=[0, 2, 1, 3]))
-        for k, node in enumerate(new):
-            graph.node.insert(at + k, node)
+        _insert(graph, at, new)
     return model
 
 
@@ -142,7 +149,7 @@ def _k_path(graph: onnx.GraphProto, users: dict, name: str) -> list[onnx.NodePro
 def attention_variant(model: onnx.ModelProto) -> onnx.ModelProto:
     """Mul(q, s), Mul(K^T, s), MatMul, Softmax, MatMul -> one ONNX Attention (opset 23) on q, K
     and v, scale s*s: TensorRT-RTX's parser makes it an IAttention layer."""
-    model = onnx.ModelProto.FromString(model.SerializeToString())
+    model = _copy(model)
     graph = model.graph
     producers = {o: n for n in graph.node for o in n.output}
     users = _users(graph)
