@@ -9,7 +9,7 @@ package is not needed to use it.
 
 from __future__ import annotations
 
-from . import _decompositions
+from . import _decompositions, _engine_cache, _stats
 from ._backend import trtrtx
 from ._crosscheck import CrosscheckReport, crosscheck
 from ._errors import (
@@ -24,9 +24,18 @@ from ._explain import ExplainReport, explain
 from ._options import Options
 from ._preload import preload
 from ._runtime_cache import save_runtime_cache
-from ._stats import reset_stats, stats
+from ._stats import reset_stats
 
 __version__ = "0.1.0"
+
+
+def stats() -> dict[str, int]:
+    """A snapshot of the event counters (compiles, engine builds, cache hits and stores). Cache
+    files are written behind the compile, so it first waits for the writes submitted so far: the
+    store counts are then complete."""
+    _engine_cache.flush()
+    return _stats.stats()
+
 
 _decompositions.register_missing_meta_kernels()  # before Dynamo traces a model for us
 

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import rtx_backend
-from rtx_backend import _backend, _engine_cache, _trt
+from rtx_backend import _backend, _engine_cache, _stats, _trt
 from rtx_backend._engine_cache import EngineCache, Entry, Key
 from rtx_backend._onnx_bridge import OnnxRegion, TensorSpec
 from rtx_backend._options import Options
@@ -539,6 +539,22 @@ def test_a_load_waits_only_for_its_own_keys_pending_write(tmp_path):
     finally:
         release.set()
     _engine_cache.flush(slow, timeout=60)
+
+
+def test_stats_wait_for_the_writes_behind_so_store_counts_are_complete():
+    """A store is counted on the writer thread: the public stats() must not be read before it."""
+    import threading
+
+    release = threading.Event()
+
+    def store_after_release() -> None:
+        release.wait(60)
+        _stats.count("engine_cache_stores")
+
+    rtx_backend.reset_stats()
+    _engine_cache.write_behind(_key("w"), store_after_release)
+    threading.Timer(0.2, release.set).start()
+    assert rtx_backend.stats().get("engine_cache_stores") == 1
 
 
 @pytest.mark.parametrize("record", ['"GPU A sm86 driver 1 and more"', '{"GPU A sm86 driver 1": 1}', "[1, 2]"])
