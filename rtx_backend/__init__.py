@@ -23,6 +23,7 @@ from ._errors import (
 from ._explain import ExplainReport, explain
 from ._options import Options
 from ._preload import preload
+from ._recording import EagerRecord, GraphRecord, Recording, RegionRecord, recording
 from ._runtime_cache import save_runtime_cache
 from ._stats import reset_stats
 
@@ -43,15 +44,20 @@ __all__ = [
     "BuildError",
     "CudaGraphError",
     "CrosscheckReport",
+    "EagerRecord",
+    "GraphRecord",
     "ExplainReport",
     "Options",
     "OptionsError",
+    "Recording",
+    "RegionRecord",
     "RtxBackendError",
     "RuntimeUnavailableError",
     "TargetError",
     "crosscheck",
     "explain",
     "preload",
+    "recording",
     "reset_stats",
     "save_runtime_cache",
     "stats",

@@ -30,10 +30,10 @@ from ._graph_cache import GraphCache, RegionRef, graph_key, shape_state
 from ._lowering import is_weight, lower, needs_autograd, without_autocast
 from ._onnx_bridge import OnnxRegion, export_region, input_specs
 from ._onnx_model import OnnxModel
-from ._options import Options
+from ._options import Options, options_for_mode
 from ._partition import PartitionPlan, partition
 from ._policy import CapabilitySupport, Reason
-from ._profiles import EngineProfile, make_profile, symbol_overrides
+from ._profiles import EngineProfile, dim_labels, make_profile, symbol_overrides
 from ._progress import build_progress
 from ._record import CompiledGraph, record
 from ._runtime import RegionModule, direct_forward, region_device
@@ -43,10 +43,15 @@ log = logging.getLogger("rtx_backend")
 
 
 def trtrtx(
-    gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, options: Any = None
+    gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, options: Any = None, mode: str | None = None
 ) -> Callable[..., Any]:
-    """The `torch.compile` backend registered as "trtrtx"."""
-    opts = Options.from_dict(options)
+    """The `torch.compile` backend registered as "trtrtx".
+
+    `options` is torch.compile's `options=` dict (see `rtx_backend.Options`); `mode` is its
+    `mode=`: "default", or "reduce-overhead" (TensorRT-RTX's native CUDA graphs,
+    cuda_graph_strategy="whole_graph_capture"); other modes raise OptionsError.
+    """
+    opts = options_for_mode(mode, options)
     _stats.count("backend_calls")
     if needs_autograd(example_inputs):
         log.warning(
@@ -78,11 +83,11 @@ def compile_or_reuse(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], op
     """The compiled graph from the graph cache, else lowered and compiled (and then cached)."""
     graphs = GraphCache.for_options(options)
     key = graph_key(gm, example_inputs, options) if graphs is not None else None
+    overrides = symbol_overrides(gm, options)  # the option names model inputs: map it on Dynamo's graph
     if graphs is not None and key is not None:
-        reused = from_graph_cache(graphs, key, example_inputs, options)
+        reused = from_graph_cache(graphs, key, example_inputs, options, overrides)
         if reused is not None:
             return reused
-    overrides = symbol_overrides(gm, options)  # the option names model inputs: map it on Dynamo's graph
     plans: list[PartitionPlan] = []
     plain: list[bool] = []
     shapes = shape_state() if graphs is not None and key is not None else None
@@ -97,7 +102,8 @@ def compile_or_reuse(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], op
 
 
 def from_graph_cache(
-    graphs: GraphCache, key: CacheKey, example_inputs: Sequence[Any], options: Options
+    graphs: GraphCache, key: CacheKey, example_inputs: Sequence[Any], options: Options,
+    overrides: dict[str, Any] | None = None,
 ) -> Callable[..., Any] | None:
     """The compiled graph of a graph-cache entry, its regions made from their engine-cache
     entries; None when there is none or it cannot be used (then the graph is compiled)."""
@@ -123,7 +129,8 @@ def from_graph_cache(
             if hit is None:
                 return None
             module = runtime_module(ref.name, entry.references[ref.name], hit.region, hit.engine, hit.profile,
-                                    Validation(engines, ref.engine), options, torch.device(ref.device))
+                                    Validation(engines, ref.engine), options, torch.device(ref.device),
+                                    overrides=overrides)
             setattr(entry.graph_module, ref.name, module)
             modules.append(module)
     except Exception as exc:  # an entry that cannot be rebuilt here: compile as if it were not there
@@ -134,7 +141,7 @@ def from_graph_cache(
     generate_code(gm)
     seconds = time.perf_counter() - start
     record(CompiledGraph(PartitionPlan(gm, [r.name for r in entry.regions], entry.reasons, entry.eager_ops),
-                         modules, seconds))
+                         modules, seconds, from_graph_cache=True))
     log.info("trtrtx: reused a compiled graph from the graph cache in %.2fs: %d region(s) %s, %d op(s) left in "
              "PyTorch", seconds, len(modules), [m.kind for m in modules], len(entry.eager_ops))
     return without_autocast(direct_forward(gm))
@@ -170,7 +177,7 @@ def compile_graph(
     on_plan: Callable[[PartitionPlan], None] | None = None,
 ) -> Callable[..., Any]:
     start, before = time.perf_counter(), _stats.stats()
-    plan = compile_regions(aten_gm, overrides or {}, options)
+    plan = compile_regions(aten_gm, overrides if overrides is not None else {}, options)
     if on_plan is not None:
         on_plan(plan)
     gm = plan.graph_module
@@ -228,7 +235,7 @@ def compile_region(
     reference = torch.fx.GraphModule(region_gm, copy.deepcopy(region_gm.graph))
     onnx_region = engine = None
     try:
-        onnx_region, engine, profile, record = export_and_build(region_gm, overrides, options)
+        onnx_region, engine, profile, record, source = export_and_build(region_gm, overrides, options)
         if options.dump_onnx_dir:
             dump_region(name, onnx_region, options.dump_onnx_dir)
         device = region_device(reference)
@@ -243,8 +250,13 @@ def compile_region(
             raise error from exc
         log.warning("trtrtx: region %s runs in PyTorch: %s", name, error)
         log.debug("trtrtx: region %s failed", name, exc_info=exc)
-        return RegionModule(name, reference, onnx_region, engine, TorchExecutor(reference))
-    return runtime_module(name, reference, onnx_region, engine, profile, record, options, device, executor)
+        fallback = RegionModule(name, reference, onnx_region, engine, TorchExecutor(reference))
+        fallback.why = f"compiling it failed: {error}"
+        return fallback
+    module = runtime_module(name, reference, onnx_region, engine, profile, record, options, device, executor,
+                            overrides=overrides)
+    module.engine_source = source
+    return module
 
 
 def runtime_module(
@@ -257,6 +269,7 @@ def runtime_module(
     options: Options,
     device: torch.device,
     executor: TrtExecutor | OrtExecutor | None = None,
+    overrides: dict[str, Any] | None = None,
 ) -> RegionModule:
     """The runtime module of a region whose model and engine are at hand: its executor (chosen
     here unless given), the profile widener, and first-call validation unless this GPU has
@@ -264,7 +277,9 @@ def runtime_module(
     if executor is None:
         executor = choose_executor(name, onnx_region, engine, options, device)
     base = record.key if record is not None else None
-    widener = EngineProfile(profile, functools.partial(_widened_engine, onnx_region, options, base)) if profile else None
+    labels = dim_labels(onnx_region.inputs, overrides if overrides is not None else {})  # the widening warning names the model's inputs
+    widener = (EngineProfile(profile, functools.partial(_widened_engine, onnx_region, options, base), labels)
+               if profile else None)
     validate, on_validated = options.validate, None
     if record is not None and isinstance(executor, TrtExecutor):
         on_validated = record.mark
@@ -272,26 +287,30 @@ def runtime_module(
             validate = False
             _stats.count("validations_skipped")
             log.info("trtrtx: region %s: its cached engine was validated on this GPU before; not checked again", name)
-    return RegionModule(name, reference, onnx_region, engine, executor, validate=validate, profile=widener,
-                        on_validated=on_validated, engine_key=record.key if record is not None else None,
-                        device=device)
+    module = RegionModule(name, reference, onnx_region, engine, executor, validate=validate, profile=widener,
+                          on_validated=on_validated, engine_key=record.key if record is not None else None,
+                          device=device)
+    module.why = getattr(executor, "why", "")
+    module.engine_source = "engine cache" if engine is not None and record is not None else ""
+    return module
 
 
 def export_and_build(
     region_gm: torch.fx.GraphModule, overrides: dict[str, Any], options: Options
-) -> tuple[OnnxRegion, EngineData | None, Profile, Validation | None]:
+) -> tuple[OnnxRegion, EngineData | None, Profile, Validation | None, str]:
     """The region's ONNX model, engine and the engine's profile: from the engine cache when it
-    holds them, else exported and built (and stored); and the cache entry's validation record.
+    holds them, else exported and built (and stored); the cache entry's validation record; and
+    where the engine came from ("engine cache", "built", or "" for none).
     No engine (and an empty profile) where none can be built or none is wanted."""
     if not (_targets.can_build(options) and options.runtime != "onnxruntime"):
-        return export_region(region_gm, optimize=options.optimize_onnx), None, {}, None
+        return export_region(region_gm, optimize=options.optimize_onnx), None, {}, None, ""
     cache = EngineCache.for_options(options)
     inputs = input_specs(region_gm)
     key = cache.key(region_gm, make_profile(inputs, overrides, options), options) if cache else None
     hit = cache.load(key, inputs) if cache and key else None
     if hit is not None:
         assert cache is not None and key is not None
-        return hit.region, hit.engine, hit.profile, Validation(cache, key)
+        return hit.region, hit.engine, hit.profile, Validation(cache, key), "engine cache"
     fx_names = [n.name for n in region_gm.graph.nodes if n.op == "call_function"]
     onnx_region = export_region(region_gm, optimize=options.optimize_onnx)  # edits region_gm
     network = parse_network(onnx_region.source)  # parsed once: for the screen's verdict and the build
@@ -301,8 +320,8 @@ def export_and_build(
     _stats.count("engine_builds")
     if cache and key and onnx_region.inputs == inputs:
         cache.store_later(key, CacheEntry(onnx_region, engine, profile))
-        return onnx_region, engine, profile, Validation(cache, key)
-    return onnx_region, engine, profile, None
+        return onnx_region, engine, profile, Validation(cache, key), "built"
+    return onnx_region, engine, profile, None, "built"
 
 
 def _widened_engine(onnx_region: OnnxRegion, options: Options, base: CacheKey | None, profile: Profile) -> EngineData:
@@ -333,14 +352,17 @@ def choose_executor(
 ) -> TrtExecutor | OrtExecutor:
     """TensorRT-RTX where this GPU runs the engine; else ONNX Runtime (runtime='auto')."""
     if options.runtime == "onnxruntime":
-        return _ort(onnx_region)
+        executor = _ort(onnx_region)
+        executor.why = "runtime='onnxruntime' was asked for"  # type: ignore[attr-defined]
+        return executor
     targets = options.target_compute_capabilities
     current = _targets.current_capability()
     missing = _trt.unavailable_reason()
     if missing is not None:
         why = missing
     elif device.type != "cuda":
-        why = f"the model's tensors are on {device}; move model and inputs to CUDA for TensorRT-RTX"
+        why = _targets.no_cuda_reason() or (
+            f"the model's tensors are on {device}; move model and inputs to CUDA for TensorRT-RTX")
     elif targets is not None and current is not None and current not in targets:
         why = (f"the engines are built for {_targets.describe(targets)}, not for this GPU "
                f"(SM{current[0]}.{current[1]}); add {current} to target_compute_capabilities to run here")
@@ -354,7 +376,9 @@ def choose_executor(
     if options.runtime == "tensorrt_rtx":
         raise RuntimeUnavailableError(f"runtime='tensorrt_rtx' but region {name} cannot run here: {why}")
     _warn_once(f"trtrtx: TensorRT-RTX cannot run engines here ({why}); regions run in ONNX Runtime instead")
-    return _ort(onnx_region)
+    executor = _ort(onnx_region)
+    executor.why = why  # type: ignore[attr-defined]  # for rtx_backend.recording()
+    return executor
 
 
 def _ort(onnx_region: Any) -> OrtExecutor:

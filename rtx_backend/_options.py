@@ -87,10 +87,15 @@ class Options:
         if not isinstance(options, Mapping):
             raise OptionsError(f"options must be a dict, got {type(options).__name__}")
         valid = [f.name for f in dataclasses.fields(cls)]
-        unknown = sorted(repr(k) for k in options if k not in valid)
+        unknown = sorted((k for k in options if k not in valid), key=repr)
         if unknown:
+            import difflib
+
+            hints = [f"{k!r} (did you mean {close[0]!r}?)" if close else repr(k)
+                     for k in unknown
+                     for close in [difflib.get_close_matches(str(k), valid, n=1, cutoff=0.6)]]
             raise OptionsError(
-                f"unknown option(s) {', '.join(unknown)}; valid options are: {', '.join(valid)}"
+                f"unknown option(s) {', '.join(hints)}; valid options are: {', '.join(valid)}"
             )
         return cls(**options)
 
@@ -101,6 +106,44 @@ class Options:
     @property
     def engine_cache_path(self) -> Path | None:
         return Path(self.engine_cache_dir).expanduser() if self.engine_cache_dir else None
+
+
+# torch.compile's `mode=` as trtrtx reads it: what maps onto TensorRT-RTX, as options.
+MODES: dict[str, dict[str, Any]] = {
+    "default": {},
+    "reduce-overhead": {"cuda_graph_strategy": "whole_graph_capture"},  # TensorRT-RTX's own CUDA graphs
+}
+
+
+def options_for_mode(mode: Any, options: Mapping[str, Any] | Options | None = None) -> Options:
+    """The Options of `torch.compile(..., backend="trtrtx", mode=mode)`.
+
+    "reduce-overhead" is what CUDA graphs are for: it sets cuda_graph_strategy="whole_graph_capture"
+    (TensorRT-RTX captures and replays each engine). inductor's autotuning modes have no
+    counterpart: TensorRT-RTX's builder chooses the kernels itself, so they raise OptionsError
+    rather than being silently ignored.
+    """
+    if mode is None:
+        return Options.from_dict(options)
+    if mode in ("max-autotune", "max-autotune-no-cudagraphs"):
+        raise OptionsError(
+            f"mode={mode!r} is inductor's autotuning; trtrtx has no such mode (TensorRT-RTX's builder "
+            "picks the kernels itself). Use mode='reduce-overhead' for TensorRT-RTX's CUDA graphs, or "
+            "leave mode out"
+        )
+    if mode not in MODES:
+        raise OptionsError(
+            f"mode={mode!r} is not valid for trtrtx; choose one of {list(MODES)}, or leave mode out "
+            "and pass options={...}"
+        )
+    base = Options.from_dict(options)
+    implied = MODES[mode]
+    given = options if isinstance(options, Mapping) else {}
+    clash = [k for k, v in implied.items() if k in given and str(given[k]).lower() != v]
+    if clash:
+        raise OptionsError(f"mode={mode!r} sets {', '.join(f'{k}={implied[k]!r}' for k in clash)}, "
+                           f"but options give {', '.join(f'{k}={given[k]!r}' for k in clash)}; drop one")
+    return dataclasses.replace(base, **{k: v for k, v in implied.items() if k not in given})
 
 
 def _choice(choices: tuple[str, ...]) -> Any:
@@ -144,8 +187,11 @@ def _optional_path(key: str, value: Any) -> str | None:
 def _targets(key: str, value: Any) -> tuple[Target, ...] | None:
     if value is None:
         return None
+    if _is_pair(value):  # one target, (8, 6) or "8.6": the user means [(8, 6)]
+        value = [value]
     if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
-        raise OptionsError(f"{key}={value!r} is not valid; give a list of (major, minor) tuples")
+        raise OptionsError(f"{key}={value!r} is not valid; give (major, minor) or a list of them, "
+                           "e.g. [(7, 5), (8, 6)]")
     out: list[Target] = []
     for item in value:
         if isinstance(item, str) and re.fullmatch(r"\d+\.\d+", item.strip(), re.ASCII):
@@ -156,7 +202,8 @@ def _targets(key: str, value: Any) -> tuple[Target, ...] | None:
             or not all(_is_int(p) and p >= 0 for p in item)
         ):
             raise OptionsError(
-                f"{key}: {item!r} is not a compute capability; give (major, minor), e.g. (8, 6)"
+                f"{key}: {item!r} in {value!r} is not a compute capability; give (major, minor) "
+                "or a list of them, e.g. (8, 6) or [(7, 5), (8, 6)]"
             )
         target = (int(item[0]), int(item[1]))
         if target not in out:
@@ -167,6 +214,13 @@ def _targets(key: str, value: Any) -> tuple[Target, ...] | None:
 
     check_buildable(tuple(out))
     return tuple(out)
+
+
+def _is_pair(value: Any) -> bool:
+    """(8, 6), [8, 6] or "8.6": one compute capability rather than a list of them."""
+    if isinstance(value, str):
+        return re.fullmatch(r"\d+\.\d+", value.strip(), re.ASCII) is not None
+    return isinstance(value, (tuple, list)) and len(value) == 2 and all(_is_int(p) for p in value)
 
 
 def _op_names(key: str, value: Any) -> frozenset[str]:

@@ -28,7 +28,16 @@ log = logging.getLogger("rtx_backend")
 Range = tuple[int, int, int]
 
 
-def symbol_overrides(gm: Any, options: Options) -> dict[str, Range]:
+class SymbolRanges(dict[str, Range]):
+    """Declared (min, opt, max) per symbol of Dynamo's graph (from the `dynamic_shapes` option),
+    and `labels`: what each symbol is in the user's terms ("x dim 0"), for messages."""
+
+    def __init__(self, ranges: Mapping[str, Range] | None = None, labels: Mapping[str, str] | None = None) -> None:
+        super().__init__(ranges or {})
+        self.labels: dict[str, str] = dict(labels or {})
+
+
+def symbol_overrides(gm: Any, options: Options) -> SymbolRanges:
     """Map the `dynamic_shapes` option onto the symbols of Dynamo's graph `gm`.
 
     Keys of the option are model inputs: an int is the position among the graph's tensor inputs
@@ -38,8 +47,6 @@ def symbol_overrides(gm: Any, options: Options) -> dict[str, Range]:
     """
     import torch
 
-    if not options.dynamic_shapes:
-        return {}
     inputs: list[tuple[str | None, Any]] = []  # (argument name, fake tensor) of each model input
     for node in gm.graph.nodes:
         val = node.meta.get("example_value")
@@ -48,7 +55,9 @@ def symbol_overrides(gm: Any, options: Options) -> dict[str, Range]:
         is_input, name = _model_input(getattr(node.meta.get("grapharg"), "source", None))
         if is_input:
             inputs.append((name, val))
-    out: dict[str, Range] = {}
+    out = SymbolRanges(labels=_labels(inputs))
+    if not options.dynamic_shapes:
+        return out
     for key, dims in options.dynamic_shapes.items():
         matches = [v for i, (name, v) in enumerate(inputs) if key in (i, name)]
         if not matches:  # a typo, or a graph after a graph break (it takes no model input)
@@ -62,6 +71,34 @@ def symbol_overrides(gm: Any, options: Options) -> dict[str, Range]:
                 out[str(size.node.expr).replace(" ", "")] = rng
             else:
                 log.debug("trtrtx: dynamic_shapes[%r][%r]: that dimension is static here", key, dim)
+    return out
+
+
+def _labels(inputs: Sequence[tuple[str | None, Any]]) -> dict[str, str]:
+    """symbol -> "x dim 0" (or "input 1 dim 0" for an input without a name): the first model
+    input dimension that carries each symbol."""
+    import torch
+
+    out: dict[str, str] = {}
+    for index, (name, val) in enumerate(inputs):
+        for dim, size in enumerate(val.shape):
+            if isinstance(size, torch.SymInt) and not size.node.expr.is_number:
+                out.setdefault(str(size.node.expr).replace(" ", ""), f"{name or f'input {index}'} dim {dim}")
+    return out
+
+
+DimLabels = dict[str, dict[int, tuple[str, bool]]]  # engine input -> axis -> (label, range declared)
+
+
+def dim_labels(inputs: Sequence[TensorSpec], overrides: Mapping[str, Range]) -> DimLabels:
+    """For the widening warning: each dynamic axis of each engine input, named as the user knows
+    it, and whether the `dynamic_shapes` option declared its range."""
+    labels = getattr(overrides, "labels", {})
+    out: DimLabels = {}
+    for spec in inputs:
+        for axis, size in enumerate(spec.shape):
+            if isinstance(size, str):
+                out.setdefault(spec.name, {})[axis] = (labels.get(size, f"{spec.name} dim {axis}"), size in overrides)
     return out
 
 
@@ -157,9 +194,10 @@ class EngineProfile:
     the region runs them in PyTorch.
     """
 
-    def __init__(self, profile: Profile, build: Callable[[Profile], EngineData]) -> None:
+    def __init__(self, profile: Profile, build: Callable[[Profile], EngineData], labels: DimLabels | None = None) -> None:
         self.profile = profile
         self.build = build
+        self.labels = labels or {}  # for messages: which model input dimension each axis is
         self.failure: RtxBackendError | None = None
         self.lock = threading.Lock()
 
@@ -179,11 +217,8 @@ class EngineProfile:
             if self.failure is not None:
                 raise self.failure
             wider = widen(self.profile, shapes)
-            log.warning(
-                "trtrtx: input shapes %s fall outside the engine's optimization profile %s; "
-                "an engine for %s replaces it (set the dynamic_shapes option to avoid this)",
-                dict(shapes), _describe(self.profile), _describe(wider),
-            )
+            log.warning("trtrtx: %s. An engine for a wider profile (%s) is built to replace it",
+                        self.outside(shapes), self.describe(wider))
             try:
                 engine = self.build(wider)
                 _stats.count("profile_widenings")
@@ -195,5 +230,35 @@ class EngineProfile:
             return True
 
 
-def _describe(profile: Profile) -> str:
-    return ", ".join(f"{name}: min {lo} max {hi}" for name, (lo, _opt, hi) in profile.items())
+    def outside(self, shapes: Mapping[str, tuple[int, ...]]) -> str:
+        """What falls outside the profile, in the user's terms, with the cause and the fix."""
+        declared, undeclared = [], []
+        for name, (lo, _opt, hi) in self.profile.items():
+            shape = shapes.get(name, lo)
+            for axis, (a, size, b) in enumerate(zip(lo, shape, hi)):
+                if a <= size <= b:
+                    continue
+                label, is_declared = self.labels.get(name, {}).get(axis, (f"{name} dim {axis}", False))
+                (declared if is_declared else undeclared).append(f"{label} is {size}, outside {a}..{b}")
+        parts = []
+        if declared:
+            parts.append(f"{'; '.join(declared)}, the range given in the dynamic_shapes option (Dynamo does "
+                         "not check it): widen that range to cover such calls")
+        if undeclared:
+            parts.append(f"{'; '.join(undeclared)}, the range from Dynamo's bounds or default_max_dim: declare "
+                         "the range with the dynamic_shapes option (e.g. {'x': {0: (1, 8, 256)}}) or "
+                         "torch._dynamo.mark_dynamic(x, dim, min=, max=)")
+        return "; ".join(parts) or f"input shapes {dict(shapes)} fall outside the engine's profile"
+
+
+    def describe(self, profile: Profile) -> str:
+        """'x dim 0: 1..128' for each dynamic axis (the engine input's name where no label is known)."""
+        parts = []
+        for name, (lo, _opt, hi) in profile.items():
+            labels = self.labels.get(name)
+            if not labels:
+                parts.append(f"{name}: min {lo} max {hi}")
+                continue
+            parts += [f"{label}: {lo[axis]}..{hi[axis]}" for axis, (label, _) in sorted(labels.items())]
+        return ", ".join(parts)
+

@@ -1,4 +1,5 @@
-"""Scoped recording of what the backend compiled, for explain, crosscheck and tests.
+"""Scoped recording of what the backend compiled, for crosscheck, tests and the public
+`rtx_backend.recording()` (`_recording.py`, the stable form users see).
 
     with recording() as graphs:
         compiled(x)
@@ -27,6 +28,7 @@ class CompiledGraph:
     plan: Any  # _partition.PartitionPlan
     regions: list[Any]  # _runtime.RegionModule, in graph order
     seconds: float
+    from_graph_cache: bool = False
 
 
 @contextlib.contextmanager

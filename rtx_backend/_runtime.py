@@ -73,6 +73,8 @@ class RegionModule(torch.nn.Module):
         self.engine_key = engine_key  # the engine-cache entry of `engine` (a graph-cache entry names it)
         self.device = device or region_device(graph)  # given where the graph has lost its metadata
         self.pick_tensors = picker(onnx_region.tensor_args if onnx_region is not None else ())
+        self.why = ""  # why the region does not run on TensorRT-RTX (rtx_backend.recording shows it)
+        self.engine_source = ""  # "built", "engine cache" or "" (no engine): set by the backend
 
     @property
     def kind(self) -> str:
@@ -144,6 +146,7 @@ class RegionModule(torch.nn.Module):
             raise exc
         log.warning("trtrtx: %s; region %s runs in PyTorch from now on", exc, self.name)
         self.executor = TorchExecutor(self.graph_module)
+        self.why = str(exc)
         return tuple(self.graph_module(*args))
 
     def fit_profile(self, tensors: Sequence[torch.Tensor]) -> bool:

@@ -65,3 +65,17 @@ def can_build(options: Options) -> bool:
 
 def describe(targets: tuple[Target, ...]) -> str:
     return ", ".join(f"SM{a}.{b}" for a, b in targets) or "none (no GPU, no declared target)"
+
+
+def no_cuda_reason() -> str | None:
+    """Why this process has no CUDA to run engines on, with what to do; None when it has.
+
+    A CPU-only build of torch cannot be fixed by moving tensors: it needs another torch."""
+    if torch.version.cuda is None and not torch.cuda.is_available():
+        return (f"torch {torch.__version__} is a CPU-only build, so no engine can run in this process; "
+                "install a CUDA build of torch (https://pytorch.org/get-started/locally/) on a machine "
+                "with an RTX GPU to run engines")
+    if not torch.cuda.is_available():
+        return (f"torch {torch.__version__} (CUDA {torch.version.cuda}) sees no CUDA GPU; check the "
+                "driver and CUDA_VISIBLE_DEVICES (`python -m rtx_backend info`)")
+    return None

@@ -77,4 +77,5 @@ def first_call(
     torch_executor = TorchExecutor(module.graph_module)
     module.executor = torch_executor
     module.validated_executor = torch_executor
+    module.why = f"its {executor.kind} result disagreed with PyTorch on the first call ({failed_text})"
     return reference
