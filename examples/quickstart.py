@@ -14,7 +14,7 @@ import time
 import torch
 from torch import nn
 
-from rtx_backend._record import recording
+import rtx_backend
 
 TARGETS = [(7, 5), (8, 6)]  # Turing (RTX 20xx) and Ampere (RTX 30xx)
 
@@ -43,7 +43,7 @@ def main() -> None:
     compiled = torch.compile(model, backend="trtrtx",
                              options={"target_compute_capabilities": TARGETS, "min_block_size": 1})
     start = time.perf_counter()
-    with torch.no_grad(), recording() as graphs:
+    with torch.no_grad(), rtx_backend.recording() as rec:  # what trtrtx compiled, and where it runs
         y = compiled(x)
     seconds = time.perf_counter() - start
     with torch.no_grad():
@@ -51,18 +51,12 @@ def main() -> None:
     err = (y.float() - ref).abs().max().item()
 
     print(f"device: {device}; targets: {TARGETS}; first call (compile + run): {seconds:.1f}s")
-    for graph in graphs:
-        for region in graph.regions:
-            size = len(region.engine) if region.engine else 0
-            print(f"  {region.name}: runs on {region.kind}; engine {size} bytes")
-        for node, reason in graph.plan.reasons.items():
-            print(f"  kept in PyTorch: {node}: {reason}")
-    kinds = {r.kind for g in graphs for r in g.regions}
-    if kinds == {"tensorrt_rtx"}:
+    print(rec)  # per region: where it runs (TensorRT-RTX, ONNX Runtime or PyTorch), why, and its engine
+    if rec.runtimes == {"TensorRT-RTX"}:
         print("ran on TensorRT-RTX engines")
     else:
         print(f"no GPU that TensorRT-RTX can run here: engines were built ahead of time for {TARGETS} "
-              f"and the regions ran in {', '.join(sorted(kinds))}")
+              f"and the regions ran in {', '.join(sorted(rec.runtimes))}")
     print(f"max abs error vs FP32 eager: {err:.2e}; output {tuple(y.shape)} {y.dtype}")
     if err > 1e-2:
         raise SystemExit("result disagrees with eager")

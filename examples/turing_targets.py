@@ -13,14 +13,12 @@ time for the declared targets and the regions run in ONNX Runtime: the script sa
 
 from __future__ import annotations
 
-import collections
 import logging
 
 import torch
 from torch import nn
 
 import rtx_backend
-from rtx_backend._record import recording
 
 TURING = [(7, 5)]
 AMPERE = [(8, 6)]
@@ -41,10 +39,12 @@ class VideoClassifier(nn.Module):
         return self.head(y).softmax(-1)
 
 
+FOLLOW_ON = ("min_block_size", "weights-only")  # rules whose nodes follow from other nodes' rules
+
+
 def fallbacks(report: rtx_backend.ExplainReport) -> str:
     """'fp32-gemm-turing: 2, conv3d-turing: 1' or 'none'."""
-    counts = collections.Counter(n.rule for n in report.eager_nodes if n.rule != "min_block_size")
-    return ", ".join(f"{rule}: {k}" for rule, k in counts.most_common()) or "none"
+    return ", ".join(f"{r.rule}: {r.nodes}" for r in report.rules if r.rule not in FOLLOW_ON) or "none"
 
 
 def main() -> None:
@@ -71,16 +71,14 @@ def main() -> None:
     model, clip = model.to(dtype=torch.float16), clip.to(dtype=torch.float16)
     compiled = torch.compile(model, backend="trtrtx",
                              options={**options, "target_compute_capabilities": TURING + AMPERE})
-    with torch.no_grad(), recording() as graphs:
+    with torch.no_grad(), rtx_backend.recording() as rec:
         y = compiled(clip)
         expected = model.float()(clip.float())
-    regions = [r for g in graphs for r in g.regions]
-    for region in regions:
-        size = len(region.engine) if region.engine else 0
-        print(f"  {region.name}: runs on {region.kind}; engine {size} bytes")
-    if {r.kind for r in regions} != {"tensorrt_rtx"}:
+    for region in rec.regions:
+        print(f"  {region.name}: runs on {region.runtime}; engine {region.engine} ({region.engine_bytes} bytes)")
+    if rec.runtimes != {"TensorRT-RTX"}:
         print(f"  no GPU that TensorRT-RTX can run here: engines were built ahead of time for "
-              f"{TURING + AMPERE} and the regions ran in ONNX Runtime")
+              f"{TURING + AMPERE} and the regions ran in {', '.join(sorted(rec.runtimes))}")
     err = (y.float() - expected).abs().max().item()
     print(f"  max abs error vs FP32 eager: {err:.2e}")
     if err > 1e-2:

@@ -1,10 +1,25 @@
-"""trtrtx: a torch.compile backend for NVIDIA TensorRT-RTX.
+"""trtrtx: a torch.compile backend for NVIDIA TensorRT-RTX, the inference runtime for RTX GPUs.
 
     compiled = torch.compile(model, backend="trtrtx",
-                             options={"target_compute_capabilities": [(7, 5)]})
+                             options={"target_compute_capabilities": [(7, 5), (8, 6)]})
+    with torch.inference_mode():
+        y = compiled(x)          # the first call builds the engines
 
 The backend is registered through the `torch_dynamo_backends` entry point; importing this
-package is not needed to use it.
+package is not needed to compile. Import it for the tools:
+
+    explain(model, *inputs, options=...)    what would be lowered, and why the rest is not; no build
+    recording()                             with-block: where each compiled region ran, and why
+    crosscheck(model, *inputs, options=...) every region in PyTorch, ONNX Runtime and TensorRT-RTX
+    Options                                 every option, its default and meaning (help(Options))
+    stats(), reset_stats()                  event counters: compiles, engine builds, cache hits
+    preload()                               pay one-time costs up front (a server's start-up)
+    save_runtime_cache()                    write TensorRT-RTX's JIT kernel cache now
+
+`torch.compile(..., mode="reduce-overhead")` turns on TensorRT-RTX's own CUDA graphs. From a
+shell: `python -m rtx_backend info` (what is installed, whether engines run on this GPU) and
+`python -m rtx_backend clear-cache`. Errors derive from RtxBackendError. The README and docs/
+(design.md, caches.md, performance.md) of the source distribution say more.
 """
 
 from __future__ import annotations

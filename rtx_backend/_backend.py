@@ -185,6 +185,8 @@ def compile_graph(
     generate_code(gm)
     seconds = time.perf_counter() - start
     record(CompiledGraph(plan, modules, seconds))
+    if not modules:
+        _warn_nothing_lowered(plan)
     after = _stats.stats()
     built, cached = (after.get(k, 0) - before.get(k, 0) for k in ("engine_builds", "engine_cache_hits"))
     log.info(
@@ -386,6 +388,21 @@ def _ort(onnx_region: Any) -> OrtExecutor:
         return OrtExecutor(onnx_region)
     except Exception as exc:
         raise BuildError(f"ONNX Runtime could not load the region: {exc}") from exc
+
+
+def _warn_nothing_lowered(plan: PartitionPlan) -> None:
+    """A graph of which nothing runs on TensorRT-RTX because of the declared targets (an FP32
+    model for Turing, say) deserves more than an INFO line: say which rules, and the fix."""
+    from ._explain import _TARGET_RULES, FIXES
+
+    counts: dict[str, int] = {}
+    for reason in plan.reasons.values():
+        if reason.rule in _TARGET_RULES:
+            counts[reason.rule] = counts.get(reason.rule, 0) + 1
+    if counts:
+        rules = "; ".join(f"{rule} kept {n} node(s) in PyTorch (fix: {FIXES[rule]})" for rule, n in counts.items())
+        _warn_once(f"trtrtx: nothing of this graph runs on TensorRT-RTX: {rules}. rtx_backend.explain(model, "
+                   "*inputs, options=...) lists every node")
 
 
 _WARNED: set[str] = set()

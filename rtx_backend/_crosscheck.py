@@ -83,8 +83,12 @@ def crosscheck(
     options: Any = None,
     atol: ToleranceSpec = None,
     rtol: ToleranceSpec = None,
+    **kwargs: Any,
 ) -> CrosscheckReport:
     """Compile `model` with trtrtx and compare every region's runtimes with PyTorch on `inputs`.
+
+    `inputs` and `kwargs` are the model's arguments, as the compiled model would be called
+    (`crosscheck(model, ids, attention_mask=mask)`); `options`, `atol` and `rtol` are crosscheck's.
 
     `atol`/`rtol`: a number for every output, or a mapping from output name to number with ""
     as the default; names are "output_0", "<region>/output_0", or "model/output_0" for the
@@ -97,15 +101,15 @@ def crosscheck(
                     "(dropout and batch statistics make runs differ)")
     compiled = torch.compile(model, backend=functools.partial(trtrtx, options=opts))
     with torch.no_grad(), recording() as graphs:
-        actual = compiled(*inputs)
+        actual = compiled(*inputs, **kwargs)
     with torch.no_grad():
-        expected = model(*inputs)
+        expected = model(*inputs, **kwargs)
     labelled = [
         (region.name if len(graphs) == 1 else f"graph{g}/{region.name}", region)
         for g, graph in enumerate(graphs)
         for region in graph.regions
     ]
-    captured = _capture(compiled, inputs, [r for _, r in labelled])
+    captured = _capture(compiled, inputs, kwargs, [r for _, r in labelled])
     checks = [_model_check(actual, expected, atol, rtol)]
     for label, region in labelled:
         if id(region) not in captured:
@@ -118,7 +122,7 @@ def crosscheck(
 
 
 def _capture(
-    compiled: Callable[..., Any], inputs: Sequence[Any], regions: list[Any]
+    compiled: Callable[..., Any], inputs: Sequence[Any], kwargs: dict[str, Any], regions: list[Any]
 ) -> dict[int, tuple[tuple[Any, ...], tuple[torch.Tensor, ...]]]:
     """Call `compiled` once; per region, its first arguments and its PyTorch outputs on them."""
     captured: dict[int, tuple[tuple[Any, ...], tuple[torch.Tensor, ...]]] = {}
@@ -133,7 +137,7 @@ def _capture(
     handles = [r.register_forward_hook(substitute) for r in regions]
     try:
         with torch.no_grad():
-            compiled(*inputs)
+            compiled(*inputs, **kwargs)
     finally:
         for h in handles:
             h.remove()

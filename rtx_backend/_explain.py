@@ -21,6 +21,7 @@ import collections
 import contextlib
 import dataclasses
 import logging
+import os
 import re
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -89,6 +90,45 @@ class EagerNode:
     where: str | None  # file:line of the user code that produced the node, when known
 
 
+# What to do about each rule that keeps nodes in PyTorch (explain's summary; the README's table).
+FIXES: dict[str, str] = {
+    "fp32-gemm-turing": "run the model in FP16 (model.half(), FP16 inputs): Turing runs FP16 GEMMs; "
+                        "or leave (7, 5) out of target_compute_capabilities",
+    "fp32-conv-transpose3d-turing": "run the model in FP16; or leave (7, 5) out of target_compute_capabilities",
+    "conv3d-turing": "nothing on Turing (3D convolutions run in PyTorch there); leave (7, 5) out of "
+                     "target_compute_capabilities to lower them",
+    "bf16-turing": "run the model in FP16 instead of bfloat16; or leave (7, 5) out of target_compute_capabilities",
+    "fp8": "declare only SM 8.9 and newer targets, or run the model in FP16",
+    "fp4": "declare only SM 12.0 and newer targets, or run the model in FP16",
+    "fp64": "run the model in float32 or float16",
+    "complex": "nothing: TensorRT-RTX has no complex dtypes, so these run in PyTorch",
+    "min_block_size": "lower min_block_size (each engine call has a fixed cost)",
+    "torch_executed_ops": "remove the op from torch_executed_ops",
+    "weights-only": "nothing: computed from weights for an op kept in PyTorch, it goes with that op",
+    "not-exportable": "nothing: the ONNX exporter has no translation for the op",
+    "not-aten": "nothing: host arithmetic, usually sizes of dynamic shapes",
+    "not-an-op": "nothing",
+    "mutation": "use the out-of-place op",
+    "unknown-metadata": "nothing: refused rather than guessed",
+    "data-dependent-shape": "nothing: a shape that depends on the values (nonzero, unique) runs in PyTorch",
+    "parser-unsupported": "nothing: TensorRT-RTX's ONNX parser has no such node",
+}
+# Rules of the capability policy for a target: the nodes they keep out split the regions, and
+# the min_block_size rows that follow mostly go away with them.
+_FOLLOW_ON = ("min_block_size", "weights-only")  # rules whose nodes follow from other nodes' rules
+_TARGET_RULES = ("fp32-gemm-turing", "fp32-conv-transpose3d-turing", "conv3d-turing", "bf16-turing", "fp8", "fp4")
+
+
+@dataclasses.dataclass(frozen=True)
+class RuleSummary:
+    """One rule that kept nodes in PyTorch: how many, on which targets, and what to do."""
+
+    rule: str
+    nodes: int
+    targets: tuple[Target, ...]  # the targets the nodes failed (empty: every target)
+    fix: str
+
+
 @dataclasses.dataclass(frozen=True)
 class GraphInfo:
     """One graph that Dynamo captured, as lowered and partitioned."""
@@ -118,8 +158,27 @@ class ExplainReport:
     def eager_nodes(self) -> tuple[EagerNode, ...]:
         return tuple(n for g in self.graphs for n in g.eager)
 
+    @property
+    def rules(self) -> tuple[RuleSummary, ...]:
+        """The rules that kept nodes in PyTorch, most nodes first, each with its fix."""
+        counts = collections.Counter(n.rule for n in self.eager_nodes)
+        targets: dict[str, list[Target]] = collections.defaultdict(list)
+        for n in self.eager_nodes:
+            if n.target is not None and n.target not in targets[n.rule]:
+                targets[n.rule].append(n.target)
+        causes = any(r in counts for r in _TARGET_RULES)
+        order = sorted(counts, key=lambda r: (r in _FOLLOW_ON, r not in _TARGET_RULES, -counts[r], r))
+        out = []
+        for rule in order:
+            fix = FIXES.get(rule, "nothing")
+            if rule == "min_block_size" and causes:
+                fix = f"fix the rules above first (these nodes follow from the ones they keep in PyTorch); then {fix}"
+            out.append(RuleSummary(rule, counts[rule], tuple(sorted(targets[rule])), fix))
+        return tuple(out)
+
     def to_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
+        out["rules"] = [dataclasses.asdict(r) for r in self.rules]
         out["summary"] = {"graphs": len(self.graphs), "graph_breaks": len(self.graph_breaks),
                           "regions": len(self.regions), "eager_nodes": len(self.eager_nodes)}
         return _jsonable(out)  # type: ignore[no-any-return]
@@ -131,12 +190,17 @@ class ExplainReport:
 
 
 def explain(
-    model: Callable[..., Any], *example_inputs: Any, options: Any = None, dynamic: bool | None = None
+    model: Callable[..., Any], *example_inputs: Any, options: Any = None, dynamic: bool | None = None,
+    **example_kwargs: Any,
 ) -> ExplainReport:
-    """Run Dynamo, lowering, the policy and the partitioner on `model(*example_inputs)`; no build.
+    """Run Dynamo, lowering, the policy and the partitioner on `model(*example_inputs,
+    **example_kwargs)`; no export, no build.
 
-    `options` are the backend's (only those that change the plan matter: targets,
-    min_block_size, torch_executed_ops); `dynamic` is torch.compile's.
+    The model's arguments go as they would to the compiled model, keywords included
+    (`explain(model, ids, attention_mask=mask)`). `options` are the backend's (only those that
+    change the plan matter: targets, min_block_size, torch_executed_ops); `dynamic` is
+    torch.compile's. `print(report)` starts with one line per rule that kept nodes in PyTorch,
+    with what to do about it.
     """
     opts = Options.from_dict(options)
     graphs: list[GraphInfo] = []
@@ -153,7 +217,7 @@ def explain(
             except Exception as exc:
                 graphs.append(GraphInfo(index, aten_nodes, (), (), error=_error(exc)))
                 return aten_gm.forward
-            graphs.append(describe_plan(index, aten_nodes, plan))
+            graphs.append(describe_plan(index, aten_nodes, plan, model_file))
             return plan.graph_module.forward
 
         try:
@@ -166,10 +230,11 @@ def explain(
                 graphs.append(GraphInfo(index, 0, (), (), error=_error(exc)))
             return gm.forward
 
+    model_file = _source_file(model)
     torch._dynamo.reset()
     try:
         with _graph_breaks() as breaks, torch.no_grad():
-            torch.compile(model, backend=backend, dynamic=dynamic)(*example_inputs)
+            torch.compile(model, backend=backend, dynamic=dynamic)(*example_inputs, **example_kwargs)
     finally:
         torch._dynamo.reset()
     return ExplainReport(
@@ -178,7 +243,7 @@ def explain(
     )
 
 
-def describe_plan(index: int, aten_nodes: int, plan: Any) -> GraphInfo:
+def describe_plan(index: int, aten_nodes: int, plan: Any, model_file: str | None = None) -> GraphInfo:
     """The regions and eager nodes of one PartitionPlan."""
     gm = plan.graph_module
     regions = []
@@ -199,7 +264,7 @@ def describe_plan(index: int, aten_nodes: int, plan: Any) -> GraphInfo:
         node = by_name[node_name]
         reason = plan.reasons.get(node_name) or Reason("unknown", "not placed in a region")
         eager.append(EagerNode(index, node_name, _op_name(node.target), reason.rule, reason.message,
-                               reason.target, _where(node)))
+                               reason.target, _where(node, model_file)))
     return GraphInfo(index, aten_nodes, tuple(regions), tuple(eager))
 
 
@@ -294,23 +359,49 @@ def _op_name(target: Any) -> str:
     return f"{module}.{name}" if module and module != "builtins" else name
 
 
-def _where(node: torch.fx.Node) -> str | None:
-    frames = list(_FRAME.finditer(node.meta.get("stack_trace") or ""))
-    return f"{frames[-1]['file']}:{frames[-1]['line']}" if frames else None
+def _where(node: torch.fx.Node, model_file: str | None = None) -> str | None:
+    """file:line of the model's code that produced the node: the innermost frame in the file
+    that defines the model, else the innermost frame outside torch itself, else the innermost."""
+    frames = [(m["file"], m["line"]) for m in _FRAME.finditer(node.meta.get("stack_trace") or "")]
+    if not frames:
+        return None
+    mine = [f for f in frames if model_file and _same_file(f[0], model_file)]
+    outside_torch = [f for f in frames if not os.path.abspath(f[0]).startswith(_TORCH_DIR + os.sep)]
+    file, line = (mine or outside_torch or frames)[-1]
+    return f"{file}:{line}"
+
+
+_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
+
+
+def _same_file(a: str, b: str) -> bool:
+    return os.path.normcase(os.path.abspath(a)) == os.path.normcase(os.path.abspath(b))
+
+
+def _source_file(model: Any) -> str | None:
+    """The file that defines the model's forward (or the function), to find its lines in traces."""
+    import inspect
+
+    target = type(model) if isinstance(model, torch.nn.Module) else model
+    target = getattr(target, "forward", target) if isinstance(model, torch.nn.Module) else target
+    try:
+        return inspect.getsourcefile(inspect.unwrap(target))
+    except (TypeError, OSError):
+        return None
 
 
 def _engines(opts: Options) -> str:
     if opts.runtime == "onnxruntime":
-        return "none: runtime='onnxruntime' runs the regions' ONNX models"
+        return "none: with runtime='onnxruntime' a compile runs the regions' ONNX models"
     if not _targets.can_build(opts):
         from . import _trt
 
         if not _trt.available():
-            return "none: TensorRT-RTX is not installed; regions would run in ONNX Runtime"
-        return "none: no GPU and no declared target; regions would run in ONNX Runtime"
+            return "none: TensorRT-RTX is not installed; a compile would run the regions in ONNX Runtime"
+        return "none: no GPU and no declared target; a compile would run the regions in ONNX Runtime"
     if opts.target_compute_capabilities is not None:
-        return f"built ahead of time for {_targets.describe(opts.target_compute_capabilities)}"
-    return "built for this GPU"
+        return f"a compile would build them ahead of time for {_targets.describe(opts.target_compute_capabilities)}"
+    return "a compile would build them for this GPU"
 
 
 def _error(exc: BaseException) -> str:

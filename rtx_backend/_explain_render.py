@@ -1,7 +1,10 @@
 """The text form of an explain report: a header and three compact tables.
 
     trtrtx explain: 2 graph(s), 1 graph break(s), 2 region(s), 1 node(s) kept in PyTorch
-    targets: SM7.5 (declared); engines: built ahead of time for SM7.5
+    targets: SM7.5 (declared); engines: a compile would build them ahead of time for SM7.5
+    kept in PyTorch, by rule (the detail is below):
+      rule              nodes  target  what to do
+      fp32-gemm-turing  1      SM7.5   run the model in FP16 (model.half(), FP16 inputs): ...
     graph breaks (Dynamo split the model here; each graph is compiled on its own):
       #  where        reason
       1  model.py:12  Call to `torch._dynamo.graph_break()`: User-inserted graph break. ...
@@ -19,7 +22,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-MAX_CELL = 60
+MAX_CELL = 72
 
 
 def render(report: Any) -> str:
@@ -29,6 +32,11 @@ def render(report: Any) -> str:
         f"{len(regions)} region(s), {len(eager)} node(s) kept in PyTorch",
         f"targets: {_targets(report)}; engines: {report.engines}",
     ]
+    if report.rules:
+        lines.append("kept in PyTorch, by rule (the detail is below):")
+        rows_: list[tuple[str, ...]] = [(r.rule, str(r.nodes), ", ".join(f"SM{a}.{b}" for a, b in r.targets) or "-",
+                                         r.fix) for r in report.rules]
+        lines += _table(("rule", "nodes", "target", "what to do"), rows_, last_unbounded=True)
     if report.graph_breaks:
         lines.append("graph breaks (Dynamo split the model here; each graph is compiled on its own):")
         rows: list[tuple[str, ...]] = [(str(i), _short_path(b.where), b.reason) for i, b in enumerate(report.graph_breaks, 1)]
@@ -69,8 +77,14 @@ def _ops(ops: dict[str, int]) -> str:
 
 
 def _join(items: Any) -> str:
-    text = ", ".join(items)
-    return text if len(text) <= MAX_CELL else text[: MAX_CELL - 3] + "..."
+    """Whole items, comma-separated, up to about MAX_CELL characters; then how many more."""
+    items = list(items)
+    shown: list[str] = []
+    for i, item in enumerate(items):
+        if shown and len(", ".join([*shown, item])) > MAX_CELL:
+            return ", ".join(shown) + f", +{len(items) - i} more"
+        shown.append(item)
+    return ", ".join(shown)
 
 
 def _short_path(where: str | None) -> str:

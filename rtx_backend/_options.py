@@ -46,7 +46,11 @@ class Options:
     runtime: Literal["auto", "tensorrt_rtx", "onnxruntime"] = "auto"
     """auto: TensorRT-RTX where the GPU can run the engine, else ONNX Runtime (one warning)."""
     dynamic_shapes_kernel_specialization_strategy: Literal["lazy", "eager", "none"] = "lazy"
+    """TensorRT-RTX's kernels for a new shape: lazy (generic first, specialized when compiled),
+    eager (compiled before the call returns), none (generic only)."""
     cuda_graph_strategy: Literal["disabled", "whole_graph_capture"] = "disabled"
+    """whole_graph_capture: TensorRT-RTX captures and replays each engine as a CUDA graph
+    (what torch.compile's mode="reduce-overhead" sets)."""
     dynamic_shapes: Mapping[int | str, Mapping[int, tuple[int, int, int]]] | None = None
     """Per model input (argument name, or position among the graph's input tensors), per dim:
     (min, opt, max) of the optimization profile of the dims Dynamo made dynamic."""
@@ -62,9 +66,11 @@ class Options:
     )
     """Directory of built engines; default: per-user cache directory; None or "": disabled."""
     engine_cache_size_mb: int = 2048
+    """Engine cache size limit; least recently used entries are evicted."""
     validate: bool = True
     """Compare each engine's first result with PyTorch; a mismatch falls back to PyTorch."""
     dump_onnx_dir: str | None = None
+    """Write each region's ONNX model (and a JSON sidecar of its shapes) here, for Netron or trtexec."""
     strict: bool = False
     """Raise on a region that fails to export, parse or build instead of falling back."""
     progress: bool = True
@@ -307,3 +313,35 @@ _VALIDATORS: dict[str, Any] = {
     "progress": _bool,
     "optimize_onnx": _bool,
 }
+
+
+def _field_notes(cls: type) -> dict[str, str]:
+    """The docstring under each field of `cls` (Python keeps none of them at run time)."""
+    import ast
+    import inspect
+    import textwrap
+
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+    except (OSError, TypeError, SyntaxError):
+        return {}
+    body = tree.body[0].body  # type: ignore[attr-defined]
+    notes = {}
+    for node, after in zip(body, body[1:]):
+        if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and isinstance(after, ast.Expr)
+                and isinstance(after.value, ast.Constant) and isinstance(after.value.value, str)):
+            notes[node.target.id] = " ".join(after.value.value.split())
+    return notes
+
+
+def _document(cls: type) -> None:
+    """Put every field, its default and its note into the class docstring, for help(Options)."""
+    notes = _field_notes(cls)
+    lines = [cls.__doc__ or "", "", "Fields (the keys of torch.compile's options= dict):", ""]
+    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+        default = repr(f.default) if f.default is not dataclasses.MISSING else "under the per-user cache directory"
+        lines.append(f"    {f.name} (default {default}): {notes.get(f.name, '')}".rstrip(": "))
+    cls.__doc__ = "\n".join(lines)
+
+
+_document(Options)

@@ -21,5 +21,7 @@ def stats() -> dict[str, int]:
 
 
 def reset_stats() -> None:
+    """Set every counter of `rtx_backend.stats()` back to zero: to count what one piece of work
+    (a compile, a benchmark round) did, call it first."""
     with _LOCK:
         _COUNTS.clear()
