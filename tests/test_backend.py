@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import operator
 import subprocess
 import sys
@@ -11,9 +12,10 @@ import torch
 from parameterized import parameterized
 
 import rtx_backend
+from rtx_backend import _backend as _backend_module
 from rtx_backend import _engine, _trt
 
-from .helpers import _LAST, compile_and_run, regions
+from .helpers import _LAST, backend_error, compile_and_run, regions
 from .models import MLP, ConvNet, WithEagerOp, eval_model
 
 SM86 = [(8, 6)]
@@ -355,3 +357,63 @@ def test_a_region_called_directly_runs_with_autocast_off_and_calls_its_hooks():
     fn(*args)
     assert seen == [2]
 
+
+
+# ---- torch.compile's mode= --------------------------------------------------------------------
+
+def _options_seen(monkeypatch) -> list:
+    seen = []
+    real = _backend_module.compile_or_reuse
+
+    def spy(gm, example_inputs, options):
+        seen.append(options)
+        return real(gm, example_inputs, options)
+
+    monkeypatch.setattr(_backend_module, "compile_or_reuse", spy)
+    return seen
+
+
+@pytest.mark.parametrize(("mode", "strategy"), [("reduce-overhead", "whole_graph_capture"), ("default", "disabled")])
+def test_mode_maps_onto_tensorrt_rtx_cuda_graphs(monkeypatch, mode, strategy):
+    seen = _options_seen(monkeypatch)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()).eval()
+    x = torch.randn(2, 8)
+    compiled = torch.compile(model, backend="trtrtx", mode=mode)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x))
+    assert [o.cuda_graph_strategy for o in seen] == [strategy]
+
+
+@pytest.mark.parametrize(("mode", "says"), [
+    ("max-autotune", "mode='reduce-overhead'"),
+    ("max-autotune-no-cudagraphs", "TensorRT-RTX's builder picks the kernels"),
+    ("fastest", "choose one of ['default', 'reduce-overhead']"),
+])
+def test_modes_that_do_not_map_raise_options_error_saying_what_to_use(mode, says):
+    compiled = torch.compile(torch.nn.Linear(4, 4).eval(), backend="trtrtx", mode=mode)
+    with pytest.raises(Exception) as info, torch.no_grad():
+        compiled(torch.randn(2, 4))
+    error = backend_error(info.value)
+    assert isinstance(error, rtx_backend.OptionsError) and says in str(error)
+
+
+def test_mode_and_options_together_agree_or_raise():
+    from rtx_backend._options import options_for_mode
+
+    assert options_for_mode("reduce-overhead", {"min_block_size": 2}).cuda_graph_strategy == "whole_graph_capture"
+    assert options_for_mode("reduce-overhead", {"cuda_graph_strategy": "whole_graph_capture"}).min_block_size == 5
+    with pytest.raises(rtx_backend.OptionsError, match="drop one"):
+        options_for_mode("reduce-overhead", {"cuda_graph_strategy": "disabled"})
+
+
+# ---- a graph of which nothing is lowered because of the targets says so at WARNING -------------
+
+def test_fp32_model_for_turing_that_lowers_nothing_warns_with_the_fix(monkeypatch, caplog):
+    monkeypatch.setattr(_backend_module, "_WARNED", set())
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 8)).eval()
+    compiled = torch.compile(model, backend="trtrtx", options={"target_compute_capabilities": [(7, 5)],
+                                                              "engine_cache_dir": ""})
+    with caplog.at_level(logging.WARNING, logger="rtx_backend"), torch.no_grad():
+        compiled(torch.randn(2, 8))
+    (message,) = [r.getMessage() for r in caplog.records if "nothing of this graph runs" in r.getMessage()]
+    assert "fp32-gemm-turing kept 2 node(s)" in message and "run the model in FP16" in message

@@ -187,3 +187,94 @@ def test_without_declared_targets_the_current_gpu_is_the_target():
     assert not report.targets_declared and report.engines == "a compile would build them for this GPU"
     assert "(this GPU)" in str(report)
     assert report.eager_nodes == () and len(report.regions) == 1
+
+
+# ---- the summary by rule, the model's own lines, whole names, keyword inputs ---------------------
+
+def test_summary_by_rule_comes_first_with_the_fix():
+    model = eval_model(WithEagerOp())  # FP32 GEMMs: the fix for Turing is FP16
+    report = rtx_backend.explain(model, torch.randn(3, 16), options={"target_compute_capabilities": TURING})
+    rules = {r.rule: r for r in report.rules}
+    assert rules["fp32-gemm-turing"].nodes == 2 and rules["fp32-gemm-turing"].targets == ((7, 5),)
+    assert "run the model in FP16" in rules["fp32-gemm-turing"].fix
+    assert report.rules[0].rule == "fp32-gemm-turing"  # the cause before what follows from it
+    assert "fix the rules above first" in rules["min_block_size"].fix
+    assert sum(r.nodes for r in report.rules) == len(report.eager_nodes)
+    lines = str(report).splitlines()
+    summary = lines.index("kept in PyTorch, by rule (the detail is below):")
+    assert summary < lines.index("kept in PyTorch:")
+    assert re.match(r"  fp32-gemm-turing +2 +SM7\.5 +run the model in FP16", lines[summary + 2])
+    assert report.to_dict()["rules"][0]["rule"] == "fp32-gemm-turing"
+
+
+def test_every_rule_has_a_fix():
+    from rtx_backend._policy import RULES
+
+    named = {r.name for r in RULES} | {"min_block_size", "weights-only", "torch_executed_ops", "not-exportable",
+                                       "not-aten", "mutation", "unknown-metadata", "data-dependent-shape",
+                                       "parser-unsupported"}
+    assert named <= set(_explain.FIXES)
+
+
+def test_explain_does_not_claim_to_build():
+    report = rtx_backend.explain(eval_model(WithEagerOp()), torch.randn(3, 16),
+                                 options={"target_compute_capabilities": TURING})
+    assert report.engines == "a compile would build them ahead of time for SM7.5"
+    assert "engines: built" not in str(report)
+
+
+class _Helper(nn.Module):
+    """A model whose nodes come from a helper in another file (tests/models.py)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = WithEagerOp()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.inner(x) * 3
+
+
+def test_where_is_the_line_in_the_models_own_file():
+    model = eval_model(_Helper())
+    report = rtx_backend.explain(model, torch.randn(3, 16), options={
+        "min_block_size": 1, "target_compute_capabilities": TURING, "torch_executed_ops": ["aten.sigmoid"]})
+    sigmoid = next(n for n in report.eager_nodes if n.op == "aten.sigmoid")
+    # the innermost frame is models.py's, but the model was defined here: its line is the one to fix
+    assert sigmoid.where == f"{__file__}:{line_of(_Helper.forward, 'self.inner(x)')}"
+    # a model from models.py: the line there
+    direct = rtx_backend.explain(eval_model(WithEagerOp()), torch.randn(3, 16), options={
+        "min_block_size": 1, "target_compute_capabilities": TURING, "torch_executed_ops": ["aten.sigmoid"]})
+    sigmoid = next(n for n in direct.eager_nodes if n.op == "aten.sigmoid")
+    assert sigmoid.where == f"{inspect.getsourcefile(WithEagerOp)}:{line_of(WithEagerOp.forward, 'torch.sigmoid(')}"
+
+
+def test_op_names_are_never_cut_in_the_middle():
+    from rtx_backend._explain_render import MAX_CELL, _ops
+
+    ops = {f"aten._native_batch_norm_legit_no_training_{i}": 1 for i in range(6)}
+    text = _ops(ops)
+    shown = text.split(", +")[0].split(", ")
+    assert all(op in ops or f"aten.{op}" in ops for op in shown)  # each one whole
+    assert text.endswith(f"+{len(ops) - len(shown)} more") and len(shown) < len(ops)
+    assert len(", ".join(shown)) <= MAX_CELL or len(shown) == 1
+    assert _ops({"aten.relu": 2, "aten.add.Tensor": 1}) == "relu x2, add.Tensor"
+
+
+class _WithMask(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor, *, mask: torch.Tensor | None = None) -> torch.Tensor:
+        y = torch.relu(self.a(x))
+        return y * mask if mask is not None else y
+
+
+def test_keyword_inputs_reach_the_model_in_explain_and_crosscheck():
+    model = eval_model(_WithMask())
+    x, mask = torch.randn(3, 16), torch.randn(3, 16)
+    report = rtx_backend.explain(model, x, mask=mask, options={"min_block_size": 1,
+                                                              "target_compute_capabilities": [(8, 6)]})
+    assert "aten.mul.Tensor" in report.regions[0].ops  # the mask was passed: the multiply is traced
+    check = rtx_backend.crosscheck(model, x, mask=mask, options={"min_block_size": 1, "engine_cache_dir": ""})
+    assert check, str(check)

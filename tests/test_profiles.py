@@ -182,3 +182,43 @@ def test_unknown_kernel_specialization_strategy_is_rejected():
         Options.from_dict({"dynamic_shapes_kernel_specialization_strategy": "fast"})
     assert Options.from_dict({"dynamic_shapes_kernel_specialization_strategy": "EAGER"}) \
         .dynamic_shapes_kernel_specialization_strategy == "eager"
+
+
+# ---- the widening warning speaks of the model's inputs and the real cause ------------------------
+
+def test_symbols_are_labelled_with_the_models_argument_names():
+    def fn(x, mask):
+        return x * 2, mask + 1
+
+    overrides, symbols = _overrides_seen_by_backend(fn, (torch.randn(2, 8), torch.randn(3, 5)), {})
+    assert overrides == {}  # no option: no ranges, but the labels are there for messages
+    assert overrides.labels[symbols["l_x_"][0]] == "x dim 0"
+    assert overrides.labels[symbols["l_mask_"][1]] == "mask dim 1"
+
+
+@pytest.mark.parametrize("declared", [True, False])
+def test_widening_warning_names_the_input_and_the_cause(caplog, declared):
+    model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU()).eval()
+
+    class Named(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.body = model
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.body(x)
+
+    options = {"min_block_size": 1, "target_compute_capabilities": [(8, 6)], "engine_cache_dir": "",
+               "runtime_cache_path": ""}
+    options.update({"dynamic_shapes": {"x": {0: (1, 8, 64)}}} if declared else {"default_max_dim": 64})
+    compiled = torch.compile(Named().eval(), backend="trtrtx", dynamic=True, options=options)
+    with torch.no_grad():
+        compiled(torch.randn(8, 16))
+        compiled(torch.randn(100, 16))
+    (message,) = [r.getMessage() for r in caplog.records if "wider profile" in r.getMessage()]
+    assert "x dim 0 is 100, outside 1..64" in message and "input_0" not in message
+    assert "x dim 0: 1..128" in message  # the new range, in the same terms
+    if declared:
+        assert "the range given in the dynamic_shapes option" in message and "widen that range" in message
+    else:
+        assert "default_max_dim" in message and "declare the range with the dynamic_shapes option" in message

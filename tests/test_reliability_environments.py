@@ -74,11 +74,37 @@ def no_gpu(monkeypatch):
     monkeypatch.setattr(_targets, "current_capability", lambda: None)
 
 
+# A CPU-only torch cannot be fixed by moving tensors to CUDA: the message says what can.
+NO_GPU_WHY = ("is a CPU-only build" if torch.version.cuda is None else "sees no CUDA GPU")
+
+
 @pytest.mark.parametrize("runtime", ["auto", "tensorrt_rtx", "onnxruntime"])
 def test_no_gpu(no_gpu, caplog, runtime):
-    _check_runtime_behaviour(caplog, runtime, "move model and inputs to CUDA", target_compute_capabilities=SM86)
+    _check_runtime_behaviour(caplog, runtime, NO_GPU_WHY, target_compute_capabilities=SM86)
     if runtime != "tensorrt_rtx":
         assert (rtx_backend.stats().get("engine_builds", 0) > 0) == (runtime == "auto")  # AOT build
+
+
+def test_cpu_only_torch_says_to_install_a_cuda_build_not_to_move_tensors(monkeypatch, caplog):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.version, "cuda", None)
+    monkeypatch.setattr(_targets, "current_capability", lambda: None)
+    _check_runtime_behaviour(caplog, "tensorrt_rtx", "install a CUDA build of torch", target_compute_capabilities=SM86)
+    assert "move model and inputs" not in caplog.text
+
+
+def test_cuda_torch_without_a_visible_gpu_says_so(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.version, "cuda", "12.8")
+    why = _targets.no_cuda_reason()
+    assert why is not None and "sees no CUDA GPU" in why and "CUDA_VISIBLE_DEVICES" in why
+
+
+def test_cpu_tensors_on_a_gpu_machine_say_to_move_them(monkeypatch, caplog):
+    monkeypatch.setattr(_targets, "no_cuda_reason", lambda: None)  # torch has CUDA and sees a GPU
+    monkeypatch.setattr(_targets, "current_capability", lambda: (8, 6))
+    _check_runtime_behaviour(caplog, "auto", "the model's tensors are on cpu; move model and inputs to CUDA",
+                             target_compute_capabilities=SM86)
 
 
 def test_no_gpu_and_no_target_builds_nothing_and_says_so(no_gpu, caplog):

@@ -28,8 +28,8 @@ SUPPORTED = _targets.buildable_capabilities()
 # ---- bad values: each one rejected with a message naming the option and what is valid ------------
 
 BAD_VALUES = [
-    ("target_compute_capabilities", "8.6", "list of (major, minor)"),
-    ("target_compute_capabilities", 86, "list of (major, minor)"),
+    ("target_compute_capabilities", "sm86", "(major, minor) or a list of them"),
+    ("target_compute_capabilities", 86, "(major, minor) or a list of them"),
     ("target_compute_capabilities", [], "empty"),
     ("target_compute_capabilities", [(8,)], "not a compute capability"),
     ("target_compute_capabilities", [(8, 6, 0)], "not a compute capability"),
@@ -109,6 +109,27 @@ def test_unknown_keys_are_rejected_with_the_valid_ones():
     assert "'min_blok_size'" in text and "7" in text
     for f in dataclasses.fields(Options):
         assert f.name in text
+
+
+def test_a_misspelt_key_gets_the_nearest_option():
+    with pytest.raises(OptionsError) as info:
+        Options.from_dict({"min_blok_size": 2, "targets_compute_capability": [(8, 6)], "zzz": 1})
+    text = str(info.value)
+    assert "'min_blok_size' (did you mean 'min_block_size'?)" in text
+    assert "'targets_compute_capability' (did you mean 'target_compute_capabilities'?)" in text
+    assert "'zzz';" in text and "'zzz' (did you mean" not in text  # nothing close: no guess
+
+
+@pytest.mark.parametrize("value", [(8, 6), [8, 6], "8.6", (np.int64(8), np.int64(6))])
+def test_one_target_pair_is_accepted_as_the_list_of_that_target(value):
+    assert Options.from_dict({"target_compute_capabilities": value}).target_compute_capabilities == ((8, 6),)
+
+
+def test_a_bad_pair_inside_a_list_is_named_with_what_was_given():
+    with pytest.raises(OptionsError) as info:
+        Options.from_dict({"target_compute_capabilities": [(8, 6), 7]})
+    assert "7 in [(8, 6), 7] is not a compute capability" in str(info.value)
+    assert "[(7, 5), (8, 6)]" in str(info.value)  # the message shows the list form
 
 
 @pytest.mark.parametrize("options", [[("runtime", "auto")], "runtime=auto", 3])
