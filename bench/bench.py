@@ -4,7 +4,9 @@
     python bench/bench.py --smoke         # CPU: tiny models, ONNX Runtime path (CI checks it runs)
 
 Backends are measured in one process, in interleaved rounds (the GPU machine is shared and
-noisy). Results go to bench/results/<date>-<gpu>.json and .md, and a PNG plot.
+noisy). Results go to bench/results/<date>-<gpu>-<TensorRT-RTX version>[-<tag>].json and .md, and a
+PNG plot; `--tag` names the kind of result (e.g. all-models). bench/report.py makes the tables of
+docs/performance.md and the README from them.
 """
 
 from __future__ import annotations
@@ -603,7 +605,7 @@ def main() -> None:
     if args.merge:
         merged = merge([json.loads(Path(f).read_text()) for f in args.merge])
         env = merged["env"]
-        stem = Path(args.out) / f"{env['date']}-{env.get('gpu', 'cpu').replace(' ', '-')}{'-' + args.tag if args.tag else ''}"
+        stem = Path(args.out) / result_name(env, args.tag)
         print(save(merged, stem))
         print(f"saved {stem}.json/.md" + (" and .png" if plot(merged, stem.with_name(stem.name + ".png")) else ""))
         return
@@ -627,8 +629,7 @@ def main() -> None:
     rounds, iters = (2, 5) if smoke else (args.rounds, args.iters)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    gpu = results["env"].get("gpu", "cpu").replace(" ", "-")
-    stem = out / f"{results['env']['date']}-{gpu}{'-' + args.tag if args.tag else ''}{'-smoke' if smoke else ''}"
+    stem = out / result_name(results["env"], "-".join(t for t in (args.tag, "smoke" if smoke else "") if t))
     # each part is saved as it ends: a time limit keeps what finished
     for part in args.parts.split(","):
         print(f"-- {part}", flush=True)
@@ -687,6 +688,12 @@ def merge(parts: list[dict[str, Any]]) -> dict[str, Any]:
             if key in p:
                 out.setdefault(key, p[key])
     return out
+
+
+def result_name(env: dict[str, Any], kind: str = "") -> str:
+    """<date>-<gpu>-<TensorRT-RTX version>[-<kind>]: bench/results keeps the latest of each."""
+    version = ".".join(str(env.get("tensorrt_rtx") or "none").split(".")[:3])
+    return "-".join(p for p in (env["date"], env.get("gpu", "cpu").replace(" ", "-"), version, kind) if p)
 
 
 def save(results: dict[str, Any], stem: Path) -> str:

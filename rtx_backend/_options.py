@@ -319,6 +319,7 @@ def _field_notes(cls: type) -> dict[str, str]:
     """The docstring under each field of `cls` (Python keeps none of them at run time)."""
     import ast
     import inspect
+    import itertools
     import textwrap
 
     try:
@@ -327,7 +328,7 @@ def _field_notes(cls: type) -> dict[str, str]:
         return {}
     body = tree.body[0].body  # type: ignore[attr-defined]
     notes = {}
-    for node, after in zip(body, body[1:]):
+    for node, after in itertools.pairwise(body):
         if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and isinstance(after, ast.Expr)
                 and isinstance(after.value, ast.Constant) and isinstance(after.value.value, str)):
             notes[node.target.id] = " ".join(after.value.value.split())

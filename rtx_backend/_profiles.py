@@ -232,7 +232,8 @@ class EngineProfile:
 
     def outside(self, shapes: Mapping[str, tuple[int, ...]]) -> str:
         """What falls outside the profile, in the user's terms, with the cause and the fix."""
-        declared, undeclared = [], []
+        declared: list[str] = []
+        undeclared: list[str] = []
         for name, (lo, _opt, hi) in self.profile.items():
             shape = shapes.get(name, lo)
             for axis, (a, size, b) in enumerate(zip(lo, shape, hi)):

@@ -52,11 +52,11 @@ def test_bench_merge_joins_parallel_parts_and_refuses_other_versions(tmp_path):
     out = subprocess.run([*script, "--merge", str(a), str(b), "--out", str(tmp_path), "--tag", "m"],
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
-    merged = json.loads((tmp_path / "2026-11-30-GPU-X-m.json").read_text())
+    merged = json.loads((tmp_path / "2026-11-30-GPU-X-1.4.0-m.json").read_text())  # date, GPU, version, kind
     assert [c["model"] for c in merged["configs"]] == ["mlp", "resnet18"]
     assert merged["backends"] == ["eager", "inductor", "trtrtx", "trtrtx-cg"]
     assert merged["dynamic_sweep"] == {"lengths": [8]} and merged["overhead"] == {"x": 1}
-    assert "| resnet18 |" in (tmp_path / "2026-11-30-GPU-X-m.md").read_text()
+    assert "| resnet18 |" in (tmp_path / "2026-11-30-GPU-X-1.4.0-m.md").read_text()
     b.write_text(json.dumps(_part({**env, "tensorrt_rtx": "1.6.1"}, ["eager"], "resnet18")))
     out = subprocess.run([*script, "--merge", str(a), str(b), "--out", str(tmp_path)],
                          capture_output=True, text=True, timeout=300)

@@ -24,7 +24,8 @@ def run_example(name: str) -> str:
 
 # What each example must say, besides where it ran.
 EXPECTED = {
-    "turing_targets.py": ["fp32-gemm-turing", "conv3d-turing", "bf16-turing",
+    "quickstart.py": ["trtrtx: 1 graph(s) compiled", "runs on"],
+    "turing_targets.py": ["kept in PyTorch, by rule", "run the model in FP16", "fp32-gemm-turing", "conv3d-turing", "bf16-turing",
                           "float32   Ampere SM8.6: 1 region(s); kept in PyTorch: none"],
 }
 
@@ -52,4 +53,23 @@ def test_notebook_is_stripped_and_executes():
     assert text.count("graphs compiled: 1; engines built: 1") == 2, text
     assert "dynamic input dims: ['s" in text
     if NO_GPU:
-        assert "regions run on: onnxruntime" in text
+        assert "regions run on: ONNX Runtime" in text
+
+
+def test_examples_use_only_public_names():
+    """What a user copies from an example must be the package's public API."""
+    import json
+    import re
+
+    import rtx_backend
+
+    for path in sorted(EXAMPLES.iterdir()):
+        if path.suffix == ".ipynb":
+            text = "\n".join("".join(c["source"]) for c in json.loads(path.read_text())["cells"])
+        elif path.suffix == ".py":
+            text = path.read_text()
+        else:
+            continue
+        assert not re.search(r"rtx_backend\._\w+|from rtx_backend\._", text), f"{path.name} uses a private module"
+        used = set(re.findall(r"rtx_backend\.(\w+)", text))
+        assert used <= set(rtx_backend.__all__) | {"__version__"}, f"{path.name}: {used - set(rtx_backend.__all__)}"

@@ -70,7 +70,7 @@ def test_a_region_that_failed_to_compile_runs_in_pytorch_and_says_why(monkeypatc
         raise RuntimeError("exporter exploded")
 
     monkeypatch.setattr(_backend, "export_region", broken)
-    rec, y = run(eval_model(MLP()), torch.randn(2, 16), min_block_size=1, engine_cache_dir="")
+    rec, _ = run(eval_model(MLP()), torch.randn(2, 16), min_block_size=1, engine_cache_dir="")
     (region,) = rec.regions
     assert region.runtime == "PyTorch" and "exporter exploded" in region.why and "compiling it failed" in region.why
 

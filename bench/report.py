@@ -1,0 +1,214 @@
+"""The benchmark tables of the README and docs/performance.md, made from bench/results/*.json.
+
+    python bench/report.py            # print the tables
+    python bench/report.py --write    # put them into README.md and docs/performance.md
+    python bench/report.py --check    # exit 1 when those files are not what the results say
+
+Each table sits between `<!-- report:NAME -->` and `<!-- /report -->` in its file, so the
+numbers in the docs are always the ones in the saved results. A result file is named
+<date>-<gpu>-<TensorRT-RTX version>-<kind> (bench.py's --tag is the kind); the README's table
+takes, per model, batch and dtype, the latest result of the TensorRT-RTX version that
+Torch-TensorRT-RTX runs on (the like-for-like peer).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+RESULTS = HERE / "results"
+PEERS = (("torch_tensorrt", "Torch-TensorRT-RTX"), ("inductor-ro", "inductor reduce-overhead"), ("inductor", "inductor"))
+MODELS = {"mlp-4x4096": "MLP 4x4096", "resnet18": "ResNet-18", "resnet50": "ResNet-50",
+          "encoder-6x768": "Encoder 6x768, seq 256", "conv3d": "conv3d"}
+STARTS = {"cold": "cold (no cache)", "warm": "warm (engine, graph and runtime caches)",
+          "warm_engine_cache_only": "engine cache only", "warm_no_runtime_cache": "without the runtime cache"}
+
+
+def load(results: Path = RESULTS) -> list[tuple[str, dict[str, Any]]]:
+    """(file stem, result) of every saved result, oldest first (by date, then name)."""
+    files = sorted(results.glob("*.json"), key=lambda p: (json.loads(p.read_text())["env"].get("date", ""), p.name))
+    return [(p.stem, json.loads(p.read_text())) for p in files if not p.stem.endswith("-smoke")]
+
+
+def version(result: dict[str, Any]) -> str:
+    return ".".join(str(result["env"].get("tensorrt_rtx") or "none").split(".")[:3])
+
+
+def _wrong(config: dict[str, Any], backend: str) -> bool:
+    """bench.wrong: a result ten times (and 0.1) further from FP32 eager than the peers' is no result."""
+    rows = config["backends"]
+    err = rows.get(backend, {}).get("max_err_vs_fp32")
+    others = [rows[p]["max_err_vs_fp32"] for p, _ in PEERS if "max_err_vs_fp32" in rows.get(p, {})]
+    if not others and "max_err_vs_fp32" in rows.get("eager", {}):
+        others = [rows["eager"]["max_err_vs_fp32"]]
+    return err is not None and err > max(0.1, 10 * max(others, default=0.0))
+
+
+def _best(config: dict[str, Any]) -> tuple[float, str] | None:
+    """trtrtx's better strategy (median ms, backend), wrong results left out."""
+    rows = config["backends"]
+    ours = [(rows[k]["median_ms"], k) for k in ("trtrtx", "trtrtx-cg")
+            if "median_ms" in rows.get(k, {}) and not _wrong(config, k)]
+    return min(ours) if ours else None
+
+
+def _ratio(config: dict[str, Any], peer: str, best: float) -> str:
+    row = config["backends"].get(peer, {})
+    return f"{best / row['median_ms']:.2f}" if "median_ms" in row else "-"
+
+
+def _label(config: dict[str, Any]) -> tuple[str, str, str]:
+    return MODELS.get(config["model"], config["model"]), str(config["shape"][0]), config["dtype"].replace("float", "fp")
+
+
+def readme_table(results: list[tuple[str, dict[str, Any]]]) -> str:
+    """Per model, batch and dtype: the latest result of the version with the most peers."""
+    with_peer = [(stem, r) for stem, r in results if "torch_tensorrt" in r.get("backends", [])]
+    if not with_peer:
+        return "(no saved result with Torch-TensorRT-RTX)"
+    chosen = version(with_peer[-1][1])
+    latest: dict[tuple[str, int, str], tuple[str, dict[str, Any], dict[str, Any]]] = {}
+    for stem, r in with_peer:
+        if version(r) == chosen:
+            for c in r["configs"]:
+                latest[(c["model"], c["shape"][0], c["dtype"])] = (stem, r, c)
+    order = list(MODELS)
+    lines = [f"Median latency, best trtrtx strategy over each peer (below 1: trtrtx is faster); "
+             f"{with_peer[-1][1]['env'].get('gpu', '?')}, TensorRT-RTX {chosen}:", "",
+             "| model | batch | dtype | trtrtx ms | vs " + " | vs ".join(name for _, name in PEERS) + " | result |",
+             "|---|---|---|---|" + "---|" * len(PEERS) + "---|"]
+    for key in sorted(latest, key=lambda k: (order.index(k[0]) if k[0] in order else 99, k[2], k[1])):
+        stem, _r, c = latest[key]
+        best = _best(c)
+        model, batch, dtype = _label(c)
+        if best is None:
+            cells = ["wrong results"] + ["-"] * len(PEERS)
+        else:
+            cells = [f"{best[0]:.3f}"] + [_ratio(c, p, best[0]) for p, _ in PEERS]
+        lines.append(f"| {model} | {batch} | {dtype} | " + " | ".join(cells) + f" | `{stem.split('-', 3)[-1]}` |")
+    return "\n".join(lines)
+
+
+def models_table(result: dict[str, Any]) -> str:
+    peers = [(p, n) for p, n in PEERS if p in result.get("backends", [])]
+    head = ["model", "batch", "dtype", "trtrtx / trtrtx-cg ms", *(f"vs {n}" for _, n in peers), "cold compile s, trtrtx"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for c in result["configs"]:
+        rows = c["backends"]
+        model, batch, dtype = _label(c)
+        ms = " / ".join(f"{rows[k]['median_ms']:.3f}{' WRONG' if _wrong(c, k) else ''}" if "median_ms" in rows.get(k, {})
+                        else "-" for k in ("trtrtx", "trtrtx-cg"))
+        best = _best(c)
+        ratios = [_ratio(c, p, best[0]) if best else "-" for p, _ in peers]
+        cold = rows.get("trtrtx", {}).get("cold_compile_s")
+        cells = [model, batch, dtype, ms, *ratios, f"{cold:.2f}" if cold is not None else "-"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def starts_table(result: dict[str, Any]) -> str:
+    lines = ["| start | first result s (median) | samples |", "|---|---|---|"]
+    for kind, row in result["fresh_process"].items():
+        samples = row.get("first_result_samples_s", [round(row["first_result_s"], 3)])
+        lines.append(f"| {STARTS.get(kind, kind)} | {row['first_result_s']:.2f} | {', '.join(map(str, samples))} |")
+    return "\n".join(lines)
+
+
+def overhead_table(result: dict[str, Any]) -> str:
+    lines = ["| cuda_graph_strategy | call us | TensorRT-RTX enqueue us | Dynamo's floor us | trtrtx's own us |",
+             "|---|---|---|---|---|"]
+    def us(row: dict[str, Any], key: str) -> str:
+        return f"{row[key]:.1f}" if key in row else "-"
+
+    for strategy, row in result["overhead"].items():
+        lines.append(f"| {strategy} | {us(row, 'call_us')} | {us(row, 'enqueue_us')} | {us(row, 'dynamo_floor_us')} | "
+                     f"{us(row, 'ours_us')} |")
+    return "\n".join(lines)
+
+
+def _or_dash(value: Any) -> str:
+    return "-" if value is None else str(value)
+
+
+def sweep_table(result: dict[str, Any]) -> str:
+    sweep = result["dynamic_sweep"]
+    lines = ["| backend | compiled graphs | recompiles | graph breaks | engine builds | first call s | later calls s (max) |",
+             "|---|---|---|---|---|---|---|"]
+    for backend, row in sweep.items():
+        if backend == "lengths" or not isinstance(row, dict):
+            continue
+        calls = [p["first_call_s"] for p in row.get("per_length", [])]
+        if not calls:
+            error = (str(row.get("error") or "?").strip().splitlines() or ["?"])[0][:80]
+            lines.append(f"| {backend} | failed: {error} | | | | | |")
+            continue
+        lines.append(f"| {backend} | {row.get('compiled_graphs', '-')} | {row.get('recompiles', '-')} | "
+                     f"{row.get('graph_breaks', '-')} | {_or_dash(row.get('engine_builds'))} | {calls[0]:.2f} | "
+                     f"{max(calls[1:], default=0):.3f} |")
+    return "\n".join(lines)
+
+
+def performance_tables(results: list[tuple[str, dict[str, Any]]]) -> str:
+    """One section per saved result, newest first."""
+    out = []
+    for stem, r in reversed(results):
+        env = r["env"]
+        driver = str(env.get("driver") or "-").splitlines()[0]
+        out.append(f"### `{stem}`\n\n{env.get('gpu', 'cpu')}, driver {driver}, TensorRT-RTX "
+                   f"{env.get('tensorrt_rtx')}, torch {env.get('torch')}"
+                   + (f", Torch-TensorRT-RTX {env['torch_tensorrt']}" if env.get("torch_tensorrt") else "") + ".")
+        if r.get("configs"):
+            out.append(models_table(r))
+        if r.get("fresh_process"):
+            out.append("Fresh-process starts (ResNet-18 FP16, to the first result):\n\n" + starts_table(r))
+        if r.get("overhead"):
+            out.append("Host time per call (one-engine FP16 MLP):\n\n" + overhead_table(r))
+        if r.get("dynamic_sweep"):
+            lengths = r["dynamic_sweep"].get("lengths", [])
+            out.append(f"Dynamic sequence lengths {lengths} (encoder):\n\n" + sweep_table(r))
+    return "\n\n".join(out)
+
+
+TABLES = {"readme": readme_table, "performance": performance_tables}
+FILES = {ROOT / "README.md": ("readme",), ROOT / "docs" / "performance.md": ("readme", "performance")}
+_BLOCK = re.compile(r"(<!-- report:(?P<name>\w+) -->\n)(?:.*?\n)??(<!-- /report -->)", re.S)
+
+
+def fill(text: str, results: list[tuple[str, dict[str, Any]]]) -> str:
+    """`text` with every report block replaced by the current table."""
+    return _BLOCK.sub(lambda m: m.group(1) + TABLES[m["name"]](results) + "\n" + m.group(3), text)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--write", action="store_true", help="update README.md and docs/performance.md")
+    parser.add_argument("--check", action="store_true", help="exit 1 when they are out of date")
+    parser.add_argument("--results", default=str(RESULTS))
+    args = parser.parse_args()
+    results = load(Path(args.results))
+    if not (args.write or args.check):
+        print(readme_table(results), "\n", performance_tables(results), sep="\n")
+        return
+    stale = []
+    for path in FILES:
+        if not path.exists():
+            continue
+        text = path.read_text()
+        new = fill(text, results)
+        if new != text:
+            stale.append(str(path.relative_to(ROOT)))
+            if args.write:
+                path.write_text(new)
+    if args.check and stale:
+        sys.exit(f"out of date with bench/results: {', '.join(stale)} (run python bench/report.py --write)")
+    print("updated: " + (", ".join(stale) or "nothing") if args.write else "up to date")
+
+
+if __name__ == "__main__":
+    main()
