@@ -99,3 +99,32 @@ def test_only_graphs_compiled_inside_the_block_are_recorded():
             compiled(torch.randn(2, 16))  # already compiled: nothing new
     assert len(inner.graphs) == 1 and outer.graphs == ()
     assert "0 graph(s) compiled" in str(outer)
+
+
+@pytest.mark.gpu
+def test_gpu_regions_run_on_tensorrt_rtx_with_no_reason_given(tmp_path):
+    model = eval_model(MLP(), torch.float16, "cuda")
+    x = torch.randn(4, 16, device="cuda", dtype=torch.float16)
+    rec, y = run(model, x, min_block_size=1, engine_cache_dir=str(tmp_path))
+    torch.testing.assert_close(y, model(x), atol=1e-2, rtol=1e-2)
+    assert rec.runtimes == {"TensorRT-RTX"}
+    assert all(r.why == "" and r.engine == "built" and r.engine_bytes > 0 for r in rec.regions)
+    rtx_backend.stats()  # the engine-cache writes behind the compile
+    torch._dynamo.reset()
+    again, _ = run(model, x, min_block_size=1, engine_cache_dir=str(tmp_path))
+    assert again.runtimes == {"TensorRT-RTX"}
+    assert {r.engine for r in again.regions} == {"loaded from the engine cache"}
+
+
+@pytest.mark.gpu
+def test_gpu_reduce_overhead_mode_runs_tensorrt_rtx_cuda_graphs():
+    model = eval_model(MLP(), torch.float16, "cuda")
+    x = torch.randn(4, 16, device="cuda", dtype=torch.float16)
+    compiled = torch.compile(model, backend="trtrtx", mode="reduce-overhead")
+    with torch.no_grad(), rtx_backend.recording() as rec:
+        for _ in range(3):
+            y = compiled(x)
+    torch.testing.assert_close(y, model(x), atol=1e-2, rtol=1e-2)
+    assert rec.runtimes == {"TensorRT-RTX"}
+    graphs = rec._graphs  # the region modules: their executors use TensorRT-RTX's own CUDA graphs
+    assert all(m.executor.native_graphs for g in graphs for m in g.regions)
