@@ -364,7 +364,7 @@ def _where(node: torch.fx.Node, model_file: str | None = None) -> str | None:
     that defines the model, else the innermost frame outside torch itself, else the innermost."""
     frames = [(m["file"], m["line"]) for m in _FRAME.finditer(node.meta.get("stack_trace") or "")]
     if not frames:
-        return None
+        return _module_path(node)
     mine = [f for f in frames if model_file and _same_file(f[0], model_file)]
     outside_torch = [f for f in frames if not os.path.abspath(f[0]).startswith(_TORCH_DIR + os.sep)]
     file, line = (mine or outside_torch or frames)[-1]
@@ -372,6 +372,18 @@ def _where(node: torch.fx.Node, model_file: str | None = None) -> str | None:
 
 
 _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
+_ROOT_MODULE = re.compile(r"^L\['[^']*'\]\.?")
+
+
+def _module_path(node: torch.fx.Node) -> str | None:
+    """'layers.0 (TransformerEncoderLayer)': the submodule a node came from, for nodes without a
+    source line (those a fused kernel such as the encoder's fast path was decomposed into)."""
+    stack = node.meta.get("nn_module_stack") or {}
+    if not stack:
+        return None
+    path, cls = list(stack.values())[-1]
+    path = _ROOT_MODULE.sub("", str(path)).replace("['", ".").replace("']", "") or "model"
+    return f"{path} ({getattr(cls, '__name__', cls)})"
 
 
 def _same_file(a: str, b: str) -> bool:

@@ -278,3 +278,13 @@ def test_keyword_inputs_reach_the_model_in_explain_and_crosscheck():
     assert "aten.mul.Tensor" in report.regions[0].ops  # the mask was passed: the multiply is traced
     check = rtx_backend.crosscheck(model, x, mask=mask, options={"min_block_size": 1, "engine_cache_dir": ""})
     assert check, str(check)
+
+
+def test_nodes_without_a_source_line_name_their_submodule():
+    """The encoder's fused fast path is decomposed into nodes that carry no source line: they name
+    the layer they came from instead of '?'."""
+    layer = nn.TransformerEncoderLayer(32, 4, 64, batch_first=True)
+    model = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False).eval()
+    report = rtx_backend.explain(model, torch.randn(2, 8, 32), options={"target_compute_capabilities": TURING})
+    where = {n.where for n in report.eager_nodes if n.rule == "fp32-gemm-turing"}
+    assert where == {"layers.0 (TransformerEncoderLayer)", "layers.1 (TransformerEncoderLayer)"}
