@@ -84,6 +84,18 @@ class OrtExecutor:
         ]
 
 
+_TRT_DTYPES: dict[torch.dtype, Callable[[Any], Any]] = {  # torch dtype -> TensorRT-RTX's, for trt.Weights
+    torch.float32: lambda trt: trt.DataType.FLOAT,
+    torch.float16: lambda trt: trt.DataType.HALF,
+    torch.bfloat16: lambda trt: trt.DataType.BF16,
+    torch.int8: lambda trt: trt.DataType.INT8,
+    torch.int32: lambda trt: trt.DataType.INT32,
+    torch.int64: lambda trt: trt.DataType.INT64,
+    torch.bool: lambda trt: trt.DataType.BOOL,
+    torch.uint8: lambda trt: trt.DataType.UINT8,
+}
+
+
 def _no_cuda(*args: Any) -> Any:
     raise RuntimeError("this torch has no CUDA")
 
@@ -388,6 +400,56 @@ class TrtExecutor:
         if b.memory != memory:
             b.context.set_device_memory(*memory)
             b.memory = memory
+
+    def refit(self, weights: dict[str, torch.Tensor]) -> bool:
+        """Give the engine new weights (ONNX initializer name -> tensor) with TensorRT-RTX's
+        refitter; False where it cannot (an engine built without REFIT, a weight it wants and
+        is not given, a refit that fails): the caller then builds the engine again.
+
+        Calls wait (the executor's lock) and the GPU finishes the calls already enqueued, which
+        read the old weights. The contexts are made again: a CUDA graph that TensorRT-RTX
+        captured (whole_graph_capture) recorded the old weights and is not replayed."""
+        trt = _trt.trt()
+        self.ready()
+        with self.lock:
+            if not getattr(self.engine, "refittable", False):
+                return False
+            torch.cuda.synchronize(self.device)
+            errors = self._errors
+            errors.clear()
+            refitter = trt.Refitter(self.engine, _trt.logger())
+            held = []  # host copies the refitter reads until refit_cuda_engine returns
+            for name in refitter.get_all_weights():
+                tensor = weights.get(name)
+                if tensor is None:
+                    continue  # a constant of the model, not a weight: the engine keeps it
+                host = tensor.detach().to("cpu").contiguous()
+                held.append(host)
+                dtype = _TRT_DTYPES.get(host.dtype)
+                if dtype is None or not refitter.set_named_weights(
+                        name, trt.Weights(dtype(trt), host.data_ptr(), host.numel())):
+                    log.debug("trtrtx: region %s: the refitter refused weight %s: %s", self.name, name, errors)
+                    return False
+            missing = list(refitter.get_missing_weights())
+            if missing:
+                log.debug("trtrtx: region %s: the refitter also wants %s", self.name, missing[:5])
+                return False
+            if not refitter.refit_cuda_engine():
+                log.debug("trtrtx: region %s: refit_cuda_engine failed: %s", self.name, errors)
+                return False
+            torch.cuda.synchronize(self.device)
+            self.main = self._make_binding(self.native_graphs, self.specialization)
+            if self.capture is not None:
+                lazy_dynamic = self.region.dynamic and self.specialization == "lazy"
+                self.capture = self._make_binding(False, "eager" if lazy_dynamic else self.specialization)
+            self.native_checked = False
+            del held
+            return True
+
+    def serialized(self) -> memoryview:
+        """The engine as it is now (refitted: with its new weights), serialized."""
+        with self.lock:
+            return memoryview(self.engine.serialize()).cast("B")
 
     def _check_native(self, ctx: Any, stream: torch.cuda.Stream) -> None:
         """Say, once, when whole_graph_capture cannot do what the user asked for."""
