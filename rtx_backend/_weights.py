@@ -100,14 +100,29 @@ class WeightGuard:
         self.indices = tuple(used)
         self.pick = picker(used)
         self.tensors: tuple[torch.Tensor, ...] = tuple(example_inputs[i] for i in used)
-        self.versions: tuple[int, ...] = tuple(map(_VERSION, self.tensors))
+        # inference tensors have no version counter: an in-place change to one cannot be seen
+        versioned = [i for i in used if not example_inputs[i].is_inference()]
+        if len(versioned) < len(used):
+            log.warning("trtrtx: %d weight(s) are inference tensors (made under torch.inference_mode), which "
+                        "count no in-place changes: a change to one in place is not seen (replacing it is)",
+                        len(used) - len(versioned))
+        self.vindices = tuple(versioned)
+        self.vpick = picker(versioned)
+        self.versions: tuple[int, ...] = tuple(map(_VERSION, self.vpick(example_inputs)))
         self.lock = threading.Lock()
         # the constant each index is frozen as (the object to rebind when a parameter is replaced)
         self.frozen = {i: _find_constant(roots, i) for i in used}
 
     def __call__(self, *args: Any) -> Any:
         weights = self.pick(args)
-        if tuple(map(_VERSION, weights)) != self.versions or not all(map(operator.is_, weights, self.tensors)):
+        try:
+            # one C loop: an unchanged weight is the same object (no __eq__ runs); another tensor
+            # in its place raises here (or compares False), except a one-element tensor of the same
+            # value, which gives the same result and is seen by its version counter from then on
+            same = weights == self.tensors
+        except Exception:
+            same = False
+        if not same or tuple(map(_VERSION, self.vpick(args))) != self.versions:
             self.refresh(args)
         return self.fn(*args)
 
@@ -115,10 +130,12 @@ class WeightGuard:
         """Bring every region that froze a changed weight up to date with the call's weights."""
         with self.lock:  # concurrent calls wait here, then find the weights up to date
             weights = self.pick(args)
-            versions = tuple(map(_VERSION, weights))  # before the values are read: a later change is seen next call
-            changed = [i for i, a, t, v, w in zip(self.indices, weights, self.tensors, self.versions, versions)
-                       if a is not t or w != v]
+            # read before the values are: a change made meanwhile is seen on the next call
+            versions = tuple(map(_VERSION, self.vpick(args)))
+            moved = {i for i, v, w in zip(self.vindices, self.versions, versions) if v != w}
+            changed = [i for i, a, t in zip(self.indices, weights, self.tensors) if a is not t or i in moved]
             if not changed:
+                self.versions = versions
                 return
             by_index = dict(zip(self.indices, weights))
             old = dict(zip(self.indices, self.tensors))
@@ -168,7 +185,8 @@ class WeightGuard:
                     "runs in PyTorch from now on (compile the model again to run it on TensorRT-RTX)", described)
         _stats.count("weight_fallbacks")
         self.fn = self.eager
-        self.indices, self.pick, self.tensors, self.versions = (), picker(()), (), ()
+        self.indices, self.pick, self.tensors = (), picker(()), ()
+        self.vindices, self.vpick, self.versions = (), picker(()), ()
 
 
 def update_region(
