@@ -132,7 +132,10 @@ def build(
     config = builder.create_builder_config()
     configure_targets(config, targets)
     if refittable:
-        config.set_flag(trt.BuilderFlag.REFIT)
+        flag = getattr(trt.BuilderFlag, "REFIT", None)
+        if flag is None:
+            raise BuildError(f"TensorRT-RTX {_trt.version()} builds no refittable engines (no BuilderFlag.REFIT)")
+        config.set_flag(flag)
     if profile:
         opt_profile = builder.create_optimization_profile()
         for name, (lo, opt, hi) in profile.items():

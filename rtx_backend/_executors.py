@@ -401,10 +401,13 @@ class TrtExecutor:
             b.context.set_device_memory(*memory)
             b.memory = memory
 
-    def refit(self, weights: dict[str, torch.Tensor]) -> bool:
+    def refit(self, weights: dict[str, torch.Tensor],
+              constant: Callable[[str], torch.Tensor | None] = lambda name: None) -> bool:
         """Give the engine new weights (ONNX initializer name -> tensor) with TensorRT-RTX's
         refitter; False where it cannot (an engine built without REFIT, a weight it wants and
-        is not given, a refit that fails): the caller then builds the engine again.
+        is not given, a refit that fails): the caller then builds the engine again. `constant`:
+        the value of another initializer of the model, which the refitter may ask for too
+        (a constant the builder combined with a weight).
 
         Calls wait (the executor's lock) and the GPU finishes the calls already enqueued, which
         read the old weights. The contexts are made again: a CUDA graph that TensorRT-RTX
@@ -418,22 +421,31 @@ class TrtExecutor:
             errors = self._errors
             errors.clear()
             refitter = trt.Refitter(self.engine, _trt.logger())
-            held = []  # host copies the refitter reads until refit_cuda_engine returns
-            for name in refitter.get_all_weights():
-                tensor = weights.get(name)
-                if tensor is None:
-                    continue  # a constant of the model, not a weight: the engine keeps it
+            held: list[torch.Tensor] = []  # host copies the refitter reads until refit_cuda_engine returns
+
+            def give(name: str, tensor: torch.Tensor) -> bool:
                 host = tensor.detach().to("cpu").contiguous()
                 held.append(host)
                 dtype = _TRT_DTYPES.get(host.dtype)
-                if dtype is None or not refitter.set_named_weights(
-                        name, trt.Weights(dtype(trt), host.data_ptr(), host.numel())):
+                proto = refitter.get_weights_prototype(name)
+                if dtype is None or proto.dtype != dtype(trt) or proto.size != host.numel():
+                    log.debug("trtrtx: region %s: weight %s is %s %s in the engine, %s %s here", self.name, name,
+                              proto.dtype, proto.size, host.dtype, host.numel())
+                    return False
+                if not refitter.set_named_weights(name, trt.Weights(dtype(trt), host.data_ptr(), host.numel())):
                     log.debug("trtrtx: region %s: the refitter refused weight %s: %s", self.name, name, errors)
                     return False
-            missing = list(refitter.get_missing_weights())
-            if missing:
-                log.debug("trtrtx: region %s: the refitter also wants %s", self.name, missing[:5])
-                return False
+                return True
+
+            for name in refitter.get_all_weights():
+                tensor = weights.get(name)
+                if tensor is not None and not give(name, tensor):  # (others: constants, which the engine keeps)
+                    return False
+            for name in refitter.get_missing_weights():
+                tensor = constant(name) if name else None
+                if tensor is None or not give(name, tensor):
+                    log.debug("trtrtx: region %s: the refitter also wants %r", self.name, name)
+                    return False
             if not refitter.refit_cuda_engine():
                 log.debug("trtrtx: region %s: refit_cuda_engine failed: %s", self.name, errors)
                 return False
@@ -443,7 +455,6 @@ class TrtExecutor:
                 lazy_dynamic = self.region.dynamic and self.specialization == "lazy"
                 self.capture = self._make_binding(False, "eager" if lazy_dynamic else self.specialization)
             self.native_checked = False
-            del held
             return True
 
     def serialized(self) -> memoryview:

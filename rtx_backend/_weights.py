@@ -210,7 +210,7 @@ def update_region(
         region = with_weights(onnx, values)
         engine: Any = None
         if isinstance(executor, TrtExecutor):
-            if executor.refit(values):
+            if executor.refit(values, lambda name: initializer_value(onnx, name)):
                 action, how, engine = "refit", "engine refitted", executor.serialized()
             else:
                 profile = module.profile.profile if module.profile is not None else {}
@@ -294,6 +294,17 @@ def initializer_specs(region: OnnxRegion) -> dict[str, tuple[tuple[int, ...], in
     data = source.skeleton if isinstance(source, OnnxModel) and source.skeleton is not None else region.model
     proto = onnx.load_from_string(data)
     return {i.name: (tuple(int(d) for d in i.dims), int(i.data_type)) for i in proto.graph.initializer}
+
+
+def initializer_value(region: OnnxRegion, name: str) -> torch.Tensor | None:
+    """An initializer's value as a tensor (None where the model has no such initializer)."""
+    import onnx
+    from onnx import numpy_helper
+
+    for init in onnx.load_from_string(region.model).graph.initializer:
+        if init.name == name:
+            return torch.from_numpy(numpy_helper.to_array(init).copy())
+    return None
 
 
 def with_weights(region: OnnxRegion, values: dict[str, torch.Tensor]) -> OnnxRegion:
