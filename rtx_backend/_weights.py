@@ -110,6 +110,7 @@ class WeightGuard:
         self.vpick = picker(versioned)
         self.versions: tuple[int, ...] = tuple(map(_VERSION, self.vpick(example_inputs)))
         self.lock = threading.Lock()
+        self.capture_said = False
         # the constant each index is frozen as (the object to rebind when a parameter is replaced)
         self.frozen = {i: _find_constant(roots, i) for i in used}
 
@@ -122,12 +123,21 @@ class WeightGuard:
             same = weights == self.tensors
         except Exception:
             same = False
-        if not same or tuple(map(_VERSION, self.vpick(args))) != self.versions:
-            self.refresh(args)
+        if (not same or tuple(map(_VERSION, self.vpick(args))) != self.versions) and not self.refresh(args):
+            return self.eager(*args)
         return self.fn(*args)
 
-    def refresh(self, args: Sequence[Any]) -> None:
-        """Bring every region that froze a changed weight up to date with the call's weights."""
+    def refresh(self, args: Sequence[Any]) -> bool:
+        """Bring every region that froze a changed weight up to date with the call's weights.
+        False during a CUDA graph capture, where nothing can be refitted or built: that call
+        runs in PyTorch (recorded into the graph with the new weights), the next one refits."""
+        if _capturing(args):
+            if not self.capture_said:
+                self.capture_said = True
+                log.warning("trtrtx: the weights changed before a CUDA graph capture, which cannot refit the "
+                            "engines: the captured call runs in PyTorch. Call the compiled model once outside "
+                            "the capture after changing weights (torch.cuda.graph's warm-up) to refit them first.")
+            return False
         with self.lock:  # concurrent calls wait here, then find the weights up to date
             weights = self.pick(args)
             # read before the values are: a change made meanwhile is seen on the next call
@@ -136,19 +146,20 @@ class WeightGuard:
             changed = [i for i, a, t in zip(self.indices, weights, self.tensors) if a is not t or i in moved]
             if not changed:
                 self.versions = versions
-                return
+                return True
             by_index = dict(zip(self.indices, weights))
             old = dict(zip(self.indices, self.tensors))
             unfit = [i for i in changed if not _same_spec(by_index[i], old[i])]
             if unfit:
                 self._to_pytorch(unfit, by_index, old)
-                return
+                return True
             for i in changed:
                 if by_index[i] is not old[i]:
                     self._rebind(i, by_index[i])
             for module in _regions(self.roots):
                 self._update(module, set(changed))
             self.tensors, self.versions = tuple(weights), versions
+            return True
 
     def _update(self, module: RegionModule, changed: set[int]) -> None:
         names = {i: EXPORTED_AS + t for t in _constant_targets(module.graph_module) if (i := frozen_index(t)) is not None}
@@ -368,6 +379,13 @@ def _spec(tensor: torch.Tensor) -> tuple[tuple[int, ...], int] | None:
 def _same_spec(a: Any, b: Any) -> bool:
     return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape
             and a.dtype == b.dtype and a.device == b.device)
+
+
+def _capturing(args: Sequence[Any]) -> bool:
+    """Whether the current CUDA stream is being captured (never for a call without CUDA tensors)."""
+    if not any(isinstance(a, torch.Tensor) and a.is_cuda for a in args):
+        return False
+    return bool(torch.cuda.is_current_stream_capturing())
 
 
 def _describe(t: Any) -> str:

@@ -12,6 +12,7 @@ import torch
 import rtx_backend
 from rtx_backend import OptionsError
 from rtx_backend._options import Options
+from rtx_backend._record import recording
 from rtx_backend._weights import WeightGuard, initializer_specs
 from tests.helpers import compile_and_run, regions
 
@@ -231,10 +232,7 @@ def test_the_option_is_validated():
 
 
 def gpu_options(native: bool) -> dict:
-    from rtx_backend import _targets
-
-    cc = _targets.current_capability()
-    return {"min_block_size": 1, "target_compute_capabilities": [cc],
+    return {"min_block_size": 1, "runtime": "tensorrt_rtx",
             "cuda_graph_strategy": "whole_graph_capture" if native else "disabled"}
 
 
@@ -309,19 +307,53 @@ def test_gpu_an_engine_that_is_not_refittable_is_rebuilt(monkeypatch, caplog):
     assert any("not refittable" in r.getMessage() for r in caplog.records)
 
 
+def warm_up(compiled, x, calls: int = 3) -> None:
+    """Calls on a side stream, as torch.cuda.graph asks before a capture."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side), torch.no_grad():
+        for _ in range(calls):
+            compiled(x)
+    torch.cuda.current_stream().wait_stream(side)
+
+
 @pytest.mark.gpu
-def test_gpu_a_torch_cuda_graph_captured_after_the_refit_replays_the_new_weights():
+@pytest.mark.parametrize("native", [False, True])
+def test_gpu_a_torch_cuda_graph_captured_after_the_refit_replays_the_new_weights(native):
+    model = mlp().cuda()
+    x = torch.randn(8, 6, device="cuda")
+    compiled = torch.compile(model, backend="trtrtx", options=gpu_options(native))
+    with recording() as graphs:
+        warm_up(compiled, x)
+        with torch.no_grad():
+            model[0].weight.mul_(2.0)
+        warm_up(compiled, x, 1)  # the refit, outside the capture
+        graph = torch.cuda.CUDAGraph()
+        with torch.no_grad(), torch.cuda.graph(graph):
+            out = compiled(x)
+    graph.replay()
+    torch.cuda.synchronize()
+    (region,) = graphs[0].regions
+    assert region.kind == "tensorrt_rtx"
+    assert not region.capture_fallback_said  # the graph recorded the refitted engine
+    assert rtx_backend.stats().get("weight_refits") == 1
+    assert diff(lambda _: out, model, x) < 1e-3
+
+
+@pytest.mark.gpu
+def test_gpu_weights_changed_right_before_a_capture_are_served_by_pytorch_in_it(caplog):
     model = mlp().cuda()
     x = torch.randn(8, 6, device="cuda")
     compiled = torch.compile(model, backend="trtrtx", options=gpu_options(False))
+    warm_up(compiled, x)
     with torch.no_grad():
-        for _ in range(3):
-            compiled(x)
         model[0].weight.mul_(2.0)
-        compiled(x)  # the refit happens outside the capture
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            out = compiled(x)
-        graph.replay()
-        torch.cuda.synchronize()
-        assert float((out - model(x)).abs().max()) < 1e-3
+    graph = torch.cuda.CUDAGraph()
+    with caplog.at_level(logging.WARNING, logger="rtx_backend"), torch.no_grad(), torch.cuda.graph(graph):
+        out = compiled(x)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert diff(lambda _: out, model, x) < 1e-3
+    assert any("before a CUDA graph capture" in r.getMessage() for r in caplog.records)
+    assert diff(compiled, model, x) < 1e-3  # and the next call outside the capture refits
+    assert rtx_backend.stats().get("weight_refits") == 1
