@@ -146,6 +146,45 @@ def test_a_graph_cache_hit_checks_its_weights_too():
     assert rtx_backend.stats().get("weight_refits") == 1
 
 
+def test_a_region_whose_model_lacks_a_weight_is_exported_and_built_again(monkeypatch, caplog):
+    from rtx_backend import _weights
+
+    model = mlp()
+    x = torch.randn(8, 6)
+    compiled = torch.compile(model, backend="trtrtx", options=CPU)
+    diff(compiled, model, x)
+    monkeypatch.setattr(_weights, "initializer_specs", lambda region: {})  # as if the exporter had folded them
+    with torch.no_grad():
+        model[0].weight.mul_(-1.0)
+    with caplog.at_level(logging.INFO, logger="rtx_backend"):
+        assert diff(compiled, model, x) < 1e-5
+    assert rtx_backend.stats().get("weight_rebuilds") == 1
+    assert any("exported and built again" in r.getMessage() for r in caplog.records)
+
+
+def test_a_region_that_cannot_take_new_weights_runs_in_pytorch(monkeypatch, caplog):
+    from rtx_backend import _weights
+
+    model = mlp()
+    x = torch.randn(8, 6)
+    compiled = torch.compile(model, backend="trtrtx", options=CPU)
+    diff(compiled, model, x)
+
+    def broken(region):
+        raise RuntimeError("no session today")
+
+    monkeypatch.setattr(_weights, "OrtExecutor", broken)
+    with torch.no_grad():
+        model[2].bias.add_(1.0)
+    with caplog.at_level(logging.WARNING, logger="rtx_backend"):
+        assert diff(compiled, model, x) < 1e-6
+    assert any("runs in PyTorch from now on" in r.getMessage() for r in caplog.records)
+    with torch.no_grad():
+        model[2].bias.add_(1.0)  # PyTorch reads the live weights: still right, nothing to refit
+    assert diff(compiled, model, x) < 1e-6
+    assert rtx_backend.stats().get("weight_fallbacks") == 1
+
+
 def captured_guard(model, x, options):
     """The backend's result for Dynamo's graph of `model`, called directly (Dynamo's own guards
     would recompile for a weight of another shape before the backend saw it)."""
