@@ -100,30 +100,41 @@ class WeightGuard:
         self.indices = tuple(used)
         self.pick = picker(used)
         self.tensors: tuple[torch.Tensor, ...] = tuple(example_inputs[i] for i in used)
-        # inference tensors have no version counter: an in-place change to one cannot be seen
-        versioned = [i for i in used if not example_inputs[i].is_inference()]
-        if len(versioned) < len(used):
-            log.warning("trtrtx: %d weight(s) are inference tensors (made under torch.inference_mode), which "
-                        "count no in-place changes: a change to one in place is not seen (replacing it is)",
-                        len(used) - len(versioned))
-        self.vindices = tuple(versioned)
-        self.vpick = picker(versioned)
-        self.versions: tuple[int, ...] = tuple(map(_VERSION, self.vpick(example_inputs)))
+        self.vindices: tuple[int, ...] = ()
+        self.vpick = picker(())
+        self.versions: tuple[int, ...] = ()
+        self._track(self.tensors)
         self.lock = threading.Lock()
         self.capture_said = False
         # the constant each index is frozen as (the object to rebind when a parameter is replaced)
         self.frozen = {i: _find_constant(roots, i) for i in used}
 
+    def _track(self, weights: Sequence[torch.Tensor], versions: dict[int, int] | None = None) -> None:
+        """Count versions of these weights (`versions`: as read before, by index), except
+        inference tensors, which have no version counter: an in-place change to one of them
+        cannot be seen (replacing it can)."""
+        versioned = [i for i, t in zip(self.indices, weights) if not t.is_inference()]
+        if len(versioned) < len(self.indices) and len(versioned) != len(self.vindices):
+            log.warning("trtrtx: %d weight(s) are inference tensors (made under torch.inference_mode), which "
+                        "count no in-place changes: a change to one in place is not seen (replacing it is)",
+                        len(self.indices) - len(versioned))
+        self.vindices = tuple(versioned)
+        self.vpick = picker(versioned)
+        if versions is None:
+            versions = {i: t._version for i, t in zip(self.indices, weights) if not t.is_inference()}
+        self.versions = tuple(versions[i] for i in versioned)
+
     def __call__(self, *args: Any) -> Any:
         weights = self.pick(args)
         try:
-            # one C loop: an unchanged weight is the same object (no __eq__ runs); another tensor
-            # in its place raises here (or compares False), except a one-element tensor of the same
-            # value, which gives the same result and is seen by its version counter from then on
-            same = weights == self.tensors
+            # two C loops: an unchanged weight is the same object (no __eq__ runs; another tensor in
+            # its place raises here or compares False, except a one-element tensor of the same value,
+            # which gives the same result and is seen by its version counter from then on), at the
+            # same version
+            same = weights == self.tensors and tuple(map(_VERSION, self.vpick(args))) == self.versions
         except Exception:
             same = False
-        if (not same or tuple(map(_VERSION, self.vpick(args))) != self.versions) and not self.refresh(args):
+        if not same and not self.refresh(args):
             return self.eager(*args)
         return self.fn(*args)
 
@@ -141,8 +152,9 @@ class WeightGuard:
         with self.lock:  # concurrent calls wait here, then find the weights up to date
             weights = self.pick(args)
             # read before the values are: a change made meanwhile is seen on the next call
-            versions = tuple(map(_VERSION, self.vpick(args)))
-            moved = {i for i, v, w in zip(self.vindices, self.versions, versions) if v != w}
+            now = {i: -1 if t.is_inference() else t._version for i, t in zip(self.indices, weights)}
+            versions = tuple(now[i] for i in self.vindices)
+            moved = {i for i, v in zip(self.vindices, self.versions) if now[i] != v}
             changed = [i for i, a, t in zip(self.indices, weights, self.tensors) if a is not t or i in moved]
             if not changed:
                 self.versions = versions
@@ -158,7 +170,10 @@ class WeightGuard:
                     self._rebind(i, by_index[i])
             for module in _regions(self.roots):
                 self._update(module, set(changed))
+            replaced = any(a is not t for a, t in zip(weights, self.tensors))
             self.tensors, self.versions = tuple(weights), versions
+            if replaced:
+                self._track(self.tensors, now)
             return True
 
     def _update(self, module: RegionModule, changed: set[int]) -> None:

@@ -185,6 +185,24 @@ def test_a_region_that_cannot_take_new_weights_runs_in_pytorch(monkeypatch, capl
     assert rtx_backend.stats().get("weight_fallbacks") == 1
 
 
+def test_a_weight_replaced_by_an_inference_tensor(caplog):
+    """Inference tensors count no versions: a replacement by one is seen, and calls go on."""
+    model = mlp().requires_grad_(False)
+    x = torch.randn(8, 6)
+    fn, inputs = captured_guard(model, x, CPU)
+    index = next(i for i, t in enumerate(inputs) if t is model[2].weight)
+    with torch.inference_mode():
+        new = torch.randn_like(model[2].weight)
+    args = list(inputs)
+    args[index] = new
+    with caplog.at_level(logging.WARNING, logger="rtx_backend"), torch.inference_mode():
+        model[2].weight = torch.nn.Parameter(new, requires_grad=False)
+        for _ in range(2):
+            assert torch.allclose(fn(*args)[0], model(x), atol=1e-5)
+    assert any("inference tensors" in r.getMessage() for r in caplog.records)
+    assert rtx_backend.stats().get("weight_refits") == 1
+
+
 def captured_guard(model, x, options):
     """The backend's result for Dynamo's graph of `model`, called directly (Dynamo's own guards
     would recompile for a weight of another shape before the backend saw it)."""
