@@ -203,6 +203,34 @@ def test_a_weight_replaced_by_an_inference_tensor(caplog):
     assert rtx_backend.stats().get("weight_refits") == 1
 
 
+def test_an_engine_stored_under_new_weights_is_found_by_a_fine_tuned_copy():
+    """The key a refitted engine is stored under (_store) is the key a compile of the fine-tuned
+    model computes: that compile loads the engine instead of building one."""
+    from rtx_backend import _engine_cache, _weights
+
+    model = mlp()
+    x = torch.randn(8, 6)
+    compile_and_run(model, x, **CPU)
+    (region,) = regions()
+    old_key = region.engine_key
+    assert old_key is not None and region.engine is not None
+    with torch.no_grad():
+        model[0].weight.mul_(2.0)  # (the compiled model is not called: no refit runs)
+    values = {"gm." + name: t for name, t in region.graph_module.named_buffers()}
+    key = _weights._store(region, _weights.with_weights(region.onnx, values), region.engine, Options.from_dict(CPU))
+    assert key is not None and key.name != old_key.name
+    _engine_cache.flush()
+    torch._dynamo.reset()
+    rtx_backend.reset_stats()
+    tuned = mlp()
+    tuned.load_state_dict(model.state_dict())
+    out = compile_and_run(tuned, x, **CPU)
+    stats = rtx_backend.stats()
+    assert stats.get("engine_cache_hits") == 1 and not stats.get("engine_builds"), stats
+    assert regions()[0].engine_key.name == key.name
+    assert (out - tuned(x)).abs().max() < 1e-5  # the stored model has the new weights
+
+
 def captured_guard(model, x, options):
     """The backend's result for Dynamo's graph of `model`, called directly (Dynamo's own guards
     would recompile for a weight of another shape before the backend saw it)."""
