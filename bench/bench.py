@@ -523,6 +523,18 @@ def weight_checks() -> dict[str, Any]:
     return out
 
 
+def check_share(results: dict[str, Any]) -> None:
+    """The weight check's cost on ResNet-50 as a share of a ResNet-50 batch-1 call of trtrtx with
+    CUDA graphs, where both were measured in this run."""
+    check = results.get("weight_check", {}).get("resnet50-like")
+    for config in results.get("configs", []):
+        if config["model"] == "resnet50" and config["shape"][0] == 1 and check:
+            for backend in ("trtrtx-cg", "trtrtx"):
+                ms = config["backends"].get(backend, {}).get("median_ms")
+                if ms:
+                    check[f"share_of_{backend}_{config['dtype']}_b1_call"] = round(check["check_us"] / (ms * 1e3), 5)
+
+
 def environment() -> dict[str, Any]:
     env: dict[str, Any] = {"date": datetime.date.today().isoformat(), "torch": torch.__version__,
                            "python": platform.python_version(), "device": DEVICE}
@@ -714,6 +726,7 @@ def main() -> None:
                     run_config(name, factory, shape_of(batch), dtype, backends, rounds, iters))
                 save(results, stem)
         save(results, stem)
+    check_share(results)
     text = save(results, stem)
     print(text)
     for key in ("dynamic_sweep", "overhead", "weight_check", "fresh_process"):
