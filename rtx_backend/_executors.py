@@ -437,9 +437,13 @@ class TrtExecutor:
                     return False
                 return True
 
-            for name in refitter.get_all_weights():
-                tensor = weights.get(name)
-                if tensor is not None and not give(name, tensor):  # (others: constants, which the engine keeps)
+            refittable = set(refitter.get_all_weights())
+            absent = sorted(n for n in weights if n not in refittable)
+            if absent:  # not refittable in this engine (folded into something else?): it would stay stale
+                log.debug("trtrtx: region %s: weights %s are not refittable in its engine", self.name, absent[:5])
+                return False
+            for name, tensor in weights.items():  # (the model's other initializers: constants, kept)
+                if not give(name, tensor):
                     return False
             for name in refitter.get_missing_weights():
                 tensor = constant(name) if name else None
