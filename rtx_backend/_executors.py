@@ -446,8 +446,8 @@ class TrtExecutor:
                 if not give(name, tensor):
                     return False
             for name in refitter.get_missing_weights():
-                tensor = constant(name) if name else None
-                if tensor is None or not give(name, tensor):
+                value = constant(name) if name else None
+                if value is None or not give(name, value):
                     log.debug("trtrtx: region %s: the refitter also wants %r", self.name, name)
                     return False
             if not refitter.refit_cuda_engine():
