@@ -60,6 +60,7 @@ def trtrtx(
         with _engine_cache.digest_scope():  # weights are hashed once: for the graph key and the engine keys
             roots: list[torch.fx.GraphModule] = []
             fn = compile_or_reuse(gm, example_inputs, opts, roots)
+        # (inside the net below: a graph whose weights cannot be checked runs in PyTorch)
         return guard_weights(fn, roots, example_inputs, gm.forward, opts, lambda: symbol_overrides(gm, opts))
     except torch._dynamo.exc.TorchDynamoException as exc:
         if isinstance(exc, torch._dynamo.exc.RestartAnalysis):
