@@ -410,8 +410,10 @@ class TrtExecutor:
         (a constant the builder combined with a weight).
 
         Calls wait (the executor's lock) and the GPU finishes the calls already enqueued, which
-        read the old weights. The contexts are made again: a CUDA graph that TensorRT-RTX
-        captured (whole_graph_capture) recorded the old weights and is not replayed."""
+        read the old weights. The contexts read the engine's weights, refitted; the context of
+        TensorRT-RTX's own CUDA graphs (whole_graph_capture) is made again, so that its graphs
+        are captured anew rather than replayed with what they recorded. The context that the
+        caller's captures record stays (graphs captured before the refit keep what they use)."""
         trt = _trt.trt()
         self.ready()
         with self.lock:
@@ -454,11 +456,9 @@ class TrtExecutor:
                 log.debug("trtrtx: region %s: refit_cuda_engine failed: %s", self.name, errors)
                 return False
             torch.cuda.synchronize(self.device)
-            self.main = self._make_binding(self.native_graphs, self.specialization)
-            if self.capture is not None:
-                lazy_dynamic = self.region.dynamic and self.specialization == "lazy"
-                self.capture = self._make_binding(False, "eager" if lazy_dynamic else self.specialization)
-            self.native_checked = False
+            if self.native_graphs:  # its graphs recorded the old weights: a new context captures anew
+                self.main = self._make_binding(True, self.specialization)
+                self.native_checked = False
             return True
 
     def serialized(self) -> memoryview:
