@@ -75,7 +75,34 @@ def guard_weights(
                    if i < len(example_inputs) and is_weight(example_inputs[i])})
     if not used:
         return fn
+    count_fused_steps()
     return WeightGuard(fn, list(roots), example_inputs, used, eager, options, overrides)
+
+
+_fused_hook: list[Any] = []
+
+
+def count_fused_steps() -> None:
+    """Make the steps of fused optimizers (`torch.optim.Adam(..., fused=True)`) move their
+    parameters' version counters, as every other in-place change does: their fused kernels
+    write the parameters without counting it, and the check would not see the step. One global
+    optimizer post-step hook (registered once), for the param groups that are fused only."""
+    if _fused_hook:
+        return
+    try:
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+
+        _fused_hook.append(register_optimizer_step_post_hook(_count_fused_step))
+    except (ImportError, AttributeError) as exc:  # this torch has no global step hooks
+        _fused_hook.append(None)
+        log.debug("trtrtx: fused optimizer steps cannot be counted here (%s)", exc)
+
+
+def _count_fused_step(optimizer: Any, args: Any, kwargs: Any) -> None:
+    params = [p for group in optimizer.param_groups if group.get("fused") for p in group["params"]]
+    if params:
+        with torch.no_grad():
+            torch._C._increment_version(params)
 
 
 class WeightGuard:

@@ -83,6 +83,20 @@ def test_the_four_changes_are_served_with_the_new_weights(dynamic, caplog):
     assert rtx_backend.stats().get("weight_refits") == 3
 
 
+def test_a_fused_optimizer_step_is_seen():
+    """Fused optimizers write the parameters without moving their version counters; the
+    backend counts their steps (a global post-step hook, fused groups only)."""
+    model = mlp()
+    x = torch.randn(8, 6)
+    compiled = torch.compile(model, backend="trtrtx", options=CPU)
+    assert diff(compiled, model, x) < 1e-5
+    opt = torch.optim.Adam(model.parameters(), lr=0.1, fused=True)
+    model(x).square().sum().backward()
+    opt.step()
+    assert diff(compiled, model, x) < 1e-5
+    assert rtx_backend.stats().get("weight_refits") == 1
+
+
 def test_frozen_weights_answer_with_the_weights_of_compile_time():
     """weights="frozen" is the behaviour without the check: documented as such, and the check's
     absence is visible (this is what "checked" prevents)."""
