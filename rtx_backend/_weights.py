@@ -404,9 +404,7 @@ def _set_initializers(proto: Any, values: dict[str, torch.Tensor]) -> None:
 def host_bytes(tensor: torch.Tensor) -> Any:
     """The tensor's elements in host memory, C-contiguous, as a flat uint8 numpy array (ONNX's
     raw layout; the stored form of an OnnxModel's weights)."""
-    host = tensor.detach().to("cpu").contiguous()
-    if host is tensor:
-        host = host.clone()  # a snapshot: the parameter may change again while the model is built
+    host = tensor.detach().to("cpu", copy=True).contiguous()  # a snapshot: the weight may change again
     return host.reshape(-1).view(torch.uint8).numpy()
 
 
