@@ -489,7 +489,9 @@ def overhead(cache_dir: str) -> dict[str, Any]:
 def weight_check_us(model: nn.Module, x: torch.Tensor, rounds: int = 15, n: int = 2000) -> float:
     """Host time per call of the weight check (options weights="checked") for `model`: its
     WeightGuard around a graph that returns at once, against that graph alone, called with the
-    inputs Dynamo passes (the input, then every parameter and buffer). Median of interleaved rounds."""
+    inputs Dynamo passes (the input, then every parameter and buffer: an upper bound, as a
+    compiled graph checks only those its regions read, e.g. not BatchNorm's num_batches_tracked).
+    Median of interleaved rounds."""
     from rtx_backend._options import Options
     from rtx_backend._weights import WeightGuard
 
