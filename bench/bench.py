@@ -52,6 +52,34 @@ def resnet(depth: int) -> nn.Module:
     return getattr(torchvision.models, f"resnet{depth}")()
 
 
+class Bottleneck(nn.Module):
+    def __init__(self, cin: int, width: int, stride: int) -> None:
+        super().__init__()
+        cout = width * 4
+        self.body = nn.Sequential(
+            nn.Conv2d(cin, width, 1, bias=False), nn.BatchNorm2d(width), nn.ReLU(),
+            nn.Conv2d(width, width, 3, stride, 1, bias=False), nn.BatchNorm2d(width), nn.ReLU(),
+            nn.Conv2d(width, cout, 1, bias=False), nn.BatchNorm2d(cout))
+        self.down = (nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+                     if stride != 1 or cin != cout else nn.Identity())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.body(x) + self.down(x))
+
+
+def resnet50_like() -> nn.Module:
+    """ResNet-50's layers, parameters and buffers (torchvision's layout) without torchvision,
+    whose wheel does not load next to a CPU build of torch."""
+    layers: list[nn.Module] = [nn.Conv2d(3, 64, 7, 2, 3, bias=False), nn.BatchNorm2d(64), nn.ReLU(), nn.MaxPool2d(3, 2, 1)]
+    cin = 64
+    for width, blocks, stride in ((64, 3, 1), (128, 4, 2), (256, 6, 2), (512, 3, 2)):
+        for k in range(blocks):
+            layers.append(Bottleneck(cin, width, stride if k == 0 else 1))
+            cin = width * 4
+    layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(cin, 1000)]
+    return nn.Sequential(*layers)
+
+
 def encoder(d: int = 768, layers: int = 6, heads: int = 12) -> nn.Module:
     layer = nn.TransformerEncoderLayer(d, heads, 4 * d, batch_first=True, dropout=0.0)
     return nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
@@ -445,7 +473,8 @@ def overhead(cache_dir: str) -> dict[str, Any]:
         for _ in range(rounds):  # short interleaved rounds: the host is shared and its speed drifts
             for k, call in timed.items():
                 samples[k].append(per_call(call))
-        row: dict[str, Any] = {"regions": len(regions), "kind": regions[0].kind if regions else None}
+        row: dict[str, Any] = {"regions": len(regions), "kind": regions[0].kind if regions else None,
+                               "weight_check_us": weight_check_us(model, x)}  # part of ours_us
         row.update({k: statistics.median(v) for k, v in samples.items()})
         if "enqueue_us" in samples:
             # each split is the median of its per-round differences (paired: a drift of the host's
@@ -457,6 +486,57 @@ def overhead(cache_dir: str) -> dict[str, Any]:
             row["ours_us_quartiles"] = [round(q, 2) for q in statistics.quantiles(ours, n=4)]
         out[label] = row
     return out
+
+
+def weight_check_us(model: nn.Module, x: torch.Tensor, rounds: int = 15, n: int = 2000) -> float:
+    """Host time per call of the weight check (options weights="checked") for `model`: its
+    WeightGuard around a graph that returns at once, against that graph alone, called with the
+    inputs Dynamo passes (the input, then every parameter and buffer: an upper bound, as a
+    compiled graph checks only those its regions read, e.g. not BatchNorm's num_batches_tracked).
+    Median of interleaved rounds."""
+    from rtx_backend._options import Options
+    from rtx_backend._weights import WeightGuard
+
+    args = [x, *model.parameters(), *model.buffers()]
+    ready = (x,)
+
+    def graph(*a: Any) -> Any:
+        return ready
+
+    guard = WeightGuard(graph, [], args, list(range(1, len(args))), graph, Options(), dict)
+
+    def per_call(fn: Any) -> float:
+        t = time.perf_counter()
+        for _ in range(n):
+            fn(*args)
+        return (time.perf_counter() - t) / n * 1e6
+
+    diffs = [per_call(guard) - per_call(graph) for _ in range(rounds)]
+    return statistics.median(diffs)
+
+
+def weight_checks() -> dict[str, Any]:
+    """The per-call cost of the weight check on the bench's models (CPU-runnable: the check is
+    host work only, the same on every path)."""
+    out: dict[str, Any] = {}
+    for name, factory, shape in (("mlp-2x256", lambda: mlp(256, 2), (1, 256)), ("mlp-4x4096", lambda: mlp(4096, 4), (1, 4096)),
+                                 ("resnet50-like", resnet50_like, (1, 3, 224, 224))):
+        model = factory().eval()
+        weights = sum(1 for _ in model.parameters()) + sum(1 for _ in model.buffers())
+        out[name] = {"weights": weights, "check_us": round(weight_check_us(model, torch.zeros(shape)), 3)}
+    return out
+
+
+def check_share(results: dict[str, Any]) -> None:
+    """The weight check's cost on ResNet-50 as a share of a ResNet-50 batch-1 call of trtrtx with
+    CUDA graphs, where both were measured in this run."""
+    check = results.get("weight_check", {}).get("resnet50-like")
+    for config in results.get("configs", []):
+        if config["model"] == "resnet50" and config["shape"][0] == 1 and check:
+            for backend in ("trtrtx-cg", "trtrtx"):
+                ms = config["backends"].get(backend, {}).get("median_ms")
+                if ms:
+                    check[f"share_of_{backend}_{config['dtype']}_b1_call"] = round(check["check_us"] / (ms * 1e3), 5)
 
 
 def environment() -> dict[str, Any]:
@@ -586,8 +666,8 @@ def main() -> None:
     parser.add_argument("--dtypes", default="", help="comma-separated subset of dtypes: float16,float32")
     parser.add_argument("--configs", default="", help="comma-separated model:batch:dtype, run in this order "
                         "(instead of --models/--dtypes), e.g. resnet18:1:float16,mlp-4x4096:256:float16")
-    parser.add_argument("--parts", default="starts,overhead,sweep,models",
-                        help="what to measure, in this order: starts,overhead,sweep,models")
+    parser.add_argument("--parts", default="starts,overhead,weights,sweep,models",
+                        help="what to measure, in this order: starts,overhead,weights,sweep,models")
     parser.add_argument("--sweep-backends", default="trtrtx",
                         help="backends of the dynamic sweep: trtrtx,inductor,torch_tensorrt")
     parser.add_argument("--start-rounds", type=int, default=3,
@@ -637,6 +717,8 @@ def main() -> None:
             results["fresh_process"] = fresh_process_starts(args.start_rounds)
         elif part == "overhead" and CUDA:
             results["overhead"] = overhead(cache_dir)
+        elif part == "weights":
+            results["weight_check"] = weight_checks()
         elif part == "sweep":
             results["dynamic_sweep"] = dynamic_sweep(smoke, cache_dir, args.sweep_backends.split(","))
         elif part == "models":
@@ -647,9 +729,10 @@ def main() -> None:
                     run_config(name, factory, shape_of(batch), dtype, backends, rounds, iters))
                 save(results, stem)
         save(results, stem)
+    check_share(results)
     text = save(results, stem)
     print(text)
-    for key in ("dynamic_sweep", "overhead", "fresh_process"):
+    for key in ("dynamic_sweep", "overhead", "weight_check", "fresh_process"):
         if key in results:
             print(f"\n{key}: {json.dumps(results[key], indent=1)}")
     print(f"saved {stem}.json/.md" + (" and .png" if plot(results, stem.with_name(stem.name + ".png")) else " (no plot: matplotlib missing)"))
@@ -684,7 +767,7 @@ def merge(parts: list[dict[str, Any]]) -> dict[str, Any]:
     for p in parts:
         out["backends"] += [b for b in p["backends"] if b not in out["backends"]]
         out["configs"] += p["configs"]
-        for key in ("fresh_process", "overhead", "dynamic_sweep"):
+        for key in ("fresh_process", "overhead", "weight_check", "dynamic_sweep"):
             if key in p:
                 out.setdefault(key, p[key])
     return out
@@ -700,7 +783,7 @@ def save(results: dict[str, Any], stem: Path) -> str:
     text = table(results)
     stem.with_name(stem.name + ".json").write_text(json.dumps(results, indent=1))
     extra = "".join(f"\n## {k}\n\n```json\n{json.dumps(results[k], indent=1)}\n```\n"
-                    for k in ("fresh_process", "overhead", "dynamic_sweep") if k in results)
+                    for k in ("fresh_process", "overhead", "weight_check", "dynamic_sweep") if k in results)
     stem.with_name(stem.name + ".md").write_text(
         f"# {stem.name}\n\n```\n{json.dumps(results['env'], indent=1)}\n```\n\n{text}\n{extra}")
     return text

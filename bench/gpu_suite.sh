@@ -5,6 +5,7 @@
 #   bash bench/gpu_suite.sh 1.6.1 tests          # GPU tests (JOBS=4 runs four files at once)
 #   bash bench/gpu_suite.sh 1.6.1 crosscheck     # three-way cross-check of the benchmark models
 #   bash bench/gpu_suite.sh 1.6.1 bench ARGS     # benchmark with ARGS
+#   bash bench/gpu_suite.sh 1.6.1 refit ARGS     # refit against cold build (bench/refit.py)
 set -uo pipefail
 ver=$1; what=$2; shift 2
 out=${OUT:-/tmp/out}
@@ -31,6 +32,9 @@ tests)
 crosscheck)
   python3 bench/crosscheck_models.py --out "$out" "$@" > "$out/crosscheck.log" 2>&1
   echo "crosscheck rc=$?"; tail -40 "$out/crosscheck.md"
+  ;;
+refit)
+  python3 bench/refit.py --out "$out" "$@" 2>&1 | tee "$out/refit.log" | grep -v Warning | tail -30
   ;;
 bench)
   python3 bench/bench.py --out "$out" "$@" 2>&1 | tee "$out/bench.log" | grep -v Warning | tail -60

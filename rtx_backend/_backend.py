@@ -38,6 +38,7 @@ from ._progress import build_progress
 from ._record import CompiledGraph, record
 from ._runtime import RegionModule, direct_forward, region_device
 from ._screen import check_region
+from ._weights import guard_weights
 
 log = logging.getLogger("rtx_backend")
 
@@ -62,7 +63,10 @@ def trtrtx(
         return gm.forward
     try:
         with _engine_cache.digest_scope():  # weights are hashed once: for the graph key and the engine keys
-            return compile_or_reuse(gm, example_inputs, opts)
+            roots: list[torch.fx.GraphModule] = []
+            fn = compile_or_reuse(gm, example_inputs, opts, roots)
+        # (inside the net below: a graph whose weights cannot be checked runs in PyTorch)
+        return guard_weights(fn, roots, example_inputs, gm.forward, opts, lambda: symbol_overrides(gm, opts))
     except torch._dynamo.exc.TorchDynamoException as exc:
         if isinstance(exc, torch._dynamo.exc.RestartAnalysis):
             # e.g. dynamic=True makes float attributes (LayerNorm eps) symbolic, then Dynamo
@@ -79,13 +83,18 @@ def trtrtx(
         return gm.forward
 
 
-def compile_or_reuse(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: Options) -> Callable[..., Any]:
-    """The compiled graph from the graph cache, else lowered and compiled (and then cached)."""
+def compile_or_reuse(
+    gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: Options,
+    roots: list[torch.fx.GraphModule] | None = None,
+) -> Callable[..., Any]:
+    """The compiled graph from the graph cache, else lowered and compiled (and then cached).
+    `roots` gets the partitioned graph (whose regions froze the weights)."""
+    roots = roots if roots is not None else []
     graphs = GraphCache.for_options(options)
     key = graph_key(gm, example_inputs, options) if graphs is not None else None
     overrides = symbol_overrides(gm, options)  # the option names model inputs: map it on Dynamo's graph
     if graphs is not None and key is not None:
-        reused = from_graph_cache(graphs, key, example_inputs, options, overrides)
+        reused = from_graph_cache(graphs, key, example_inputs, options, overrides, roots)
         if reused is not None:
             return reused
     plans: list[PartitionPlan] = []
@@ -93,6 +102,7 @@ def compile_or_reuse(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], op
     shapes = shape_state() if graphs is not None and key is not None else None
     fn = lower(gm, example_inputs, lambda aten_gm, args: compile_graph(aten_gm, args, options, overrides, plans.append),
                on_plain=lambda: plain.append(True))
+    roots.extend(p.graph_module for p in plans)
     if graphs is not None and key is not None and plain and len(plans) == 1:
         if shape_state() == shapes:
             to_graph_cache(graphs, key, plans[0], example_inputs)
@@ -104,6 +114,7 @@ def compile_or_reuse(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], op
 def from_graph_cache(
     graphs: GraphCache, key: CacheKey, example_inputs: Sequence[Any], options: Options,
     overrides: dict[str, Any] | None = None,
+    roots: list[torch.fx.GraphModule] | None = None,
 ) -> Callable[..., Any] | None:
     """The compiled graph of a graph-cache entry, its regions made from their engine-cache
     entries; None when there is none or it cannot be used (then the graph is compiled)."""
@@ -139,6 +150,8 @@ def from_graph_cache(
         return None
     gm = entry.graph_module
     generate_code(gm)
+    if roots is not None:
+        roots.append(gm)
     seconds = time.perf_counter() - start
     record(CompiledGraph(PartitionPlan(gm, [r.name for r in entry.regions], entry.reasons, entry.eager_ops),
                          modules, seconds, from_graph_cache=True))
@@ -305,7 +318,7 @@ def export_and_build(
     where the engine came from ("engine cache", "built", or "" for none).
     No engine (and an empty profile) where none can be built or none is wanted."""
     if not (_targets.can_build(options) and options.runtime != "onnxruntime"):
-        return export_region(region_gm, optimize=options.optimize_onnx), None, {}, None, ""
+        return export_region(region_gm, optimize=options.optimize_onnx, keep_weights=checked(options)), None, {}, None, ""
     cache = EngineCache.for_options(options)
     inputs = input_specs(region_gm)
     key = cache.key(region_gm, make_profile(inputs, overrides, options), options) if cache else None
@@ -314,7 +327,7 @@ def export_and_build(
         assert cache is not None and key is not None
         return hit.region, hit.engine, hit.profile, Validation(cache, key), "engine cache"
     fx_names = [n.name for n in region_gm.graph.nodes if n.op == "call_function"]
-    onnx_region = export_region(region_gm, optimize=options.optimize_onnx)  # edits region_gm
+    onnx_region = export_region(region_gm, optimize=options.optimize_onnx, keep_weights=checked(options))  # edits region_gm
     network = parse_network(onnx_region.source)  # parsed once: for the screen's verdict and the build
     check_region(onnx_region.source, fx_names, _targets.policy_targets(options), network=network)  # may raise RegionRefused
     profile = make_profile(onnx_region.inputs, overrides, options)
@@ -345,8 +358,26 @@ def _widened_engine(onnx_region: OnnxRegion, options: Options, base: CacheKey | 
 
 def _build_for(model: bytes | OnnxModel | Network, options: Options, profile: Profile) -> EngineData:
     """An engine for the region's model and a profile (also when a call fell outside the first one)."""
+    refittable = checked(options) and REFITTABLE_BUILDS and torch.cuda.is_available()
     with build_progress(options) as monitor:
+        if refittable:
+            try:
+                return build(model, options.target_compute_capabilities, profile, monitor=monitor, refittable=True).data
+            except BuildError as exc:  # a weight change then builds the engine again instead
+                log.debug("trtrtx: a refittable engine could not be built (%s); building one that is not", exc)
         return build(model, options.target_compute_capabilities, profile, monitor=monitor).data
+
+
+# Engines of checked weights are built refittable (where a GPU is present: TensorRT-RTX's builder
+# needs one for a refittable engine), so that a weight change is a refit. Where refittable
+# engines run slower (bench/refit.py measures it), set this False: engines are then built as for
+# frozen weights, and a weight change builds the region's engine again.
+REFITTABLE_BUILDS = True
+
+
+def checked(options: Options) -> bool:
+    """Whether the weights are checked on every call (and the regions kept refittable)."""
+    return options.weights == "checked"
 
 
 def choose_executor(

@@ -118,8 +118,12 @@ def build(
     profile: Profile,
     *,
     monitor: Any | None = None,
+    refittable: bool = False,
 ) -> BuiltEngine:
-    """Build a serialized engine; raises BuildError with TensorRT-RTX's own messages."""
+    """Build a serialized engine; raises BuildError with TensorRT-RTX's own messages.
+    `refittable`: built with BuilderFlag.REFIT, so that new weights can replace the ones it
+    froze without a rebuild (see _weights)."""
+    trt = _trt.trt()
     errors = _trt.logger().errors
     errors.clear()
     start = time.perf_counter()
@@ -127,6 +131,11 @@ def build(
     builder, network = parsed.builder, parsed.network
     config = builder.create_builder_config()
     configure_targets(config, targets)
+    if refittable:
+        flag = getattr(trt.BuilderFlag, "REFIT", None)
+        if flag is None:
+            raise BuildError(f"TensorRT-RTX {_trt.version()} builds no refittable engines (no BuilderFlag.REFIT)")
+        config.set_flag(flag)
     if profile:
         opt_profile = builder.create_optimization_profile()
         for name, (lo, opt, hi) in profile.items():

@@ -84,6 +84,18 @@ class OrtExecutor:
         ]
 
 
+_TRT_DTYPES: dict[torch.dtype, Callable[[Any], Any]] = {  # torch dtype -> TensorRT-RTX's, for trt.Weights
+    torch.float32: lambda trt: trt.DataType.FLOAT,
+    torch.float16: lambda trt: trt.DataType.HALF,
+    torch.bfloat16: lambda trt: trt.DataType.BF16,
+    torch.int8: lambda trt: trt.DataType.INT8,
+    torch.int32: lambda trt: trt.DataType.INT32,
+    torch.int64: lambda trt: trt.DataType.INT64,
+    torch.bool: lambda trt: trt.DataType.BOOL,
+    torch.uint8: lambda trt: trt.DataType.UINT8,
+}
+
+
 def _no_cuda(*args: Any) -> Any:
     raise RuntimeError("this torch has no CUDA")
 
@@ -388,6 +400,71 @@ class TrtExecutor:
         if b.memory != memory:
             b.context.set_device_memory(*memory)
             b.memory = memory
+
+    def refit(self, weights: dict[str, torch.Tensor],
+              constant: Callable[[str], torch.Tensor | None] = lambda name: None) -> bool:
+        """Give the engine new weights (ONNX initializer name -> tensor) with TensorRT-RTX's
+        refitter; False where it cannot (an engine built without REFIT, a weight it wants and
+        is not given, a refit that fails): the caller then builds the engine again. `constant`:
+        the value of another initializer of the model, which the refitter may ask for too
+        (a constant the builder combined with a weight).
+
+        Calls wait (the executor's lock) and the GPU finishes the calls already enqueued, which
+        read the old weights. The contexts read the engine's weights, refitted; the context of
+        TensorRT-RTX's own CUDA graphs (whole_graph_capture) is made again, so that its graphs
+        are captured anew rather than replayed with what they recorded. The context that the
+        caller's captures record stays (graphs captured before the refit keep what they use)."""
+        trt = _trt.trt()
+        self.ready()
+        with self.lock:
+            if not getattr(self.engine, "refittable", False):
+                return False
+            torch.cuda.synchronize(self.device)
+            errors = self._errors
+            errors.clear()
+            refitter = trt.Refitter(self.engine, _trt.logger())
+            held: list[torch.Tensor] = []  # host copies the refitter reads until refit_cuda_engine returns
+
+            def give(name: str, tensor: torch.Tensor) -> bool:
+                host = tensor.detach().to("cpu").contiguous()
+                held.append(host)
+                dtype = _TRT_DTYPES.get(host.dtype)
+                proto = refitter.get_weights_prototype(name)
+                if dtype is None or proto.dtype != dtype(trt) or proto.size != host.numel():
+                    log.debug("trtrtx: region %s: weight %s is %s %s in the engine, %s %s here", self.name, name,
+                              proto.dtype, proto.size, host.dtype, host.numel())
+                    return False
+                if not refitter.set_named_weights(name, trt.Weights(dtype(trt), host.data_ptr(), host.numel())):
+                    log.debug("trtrtx: region %s: the refitter refused weight %s: %s", self.name, name, errors)
+                    return False
+                return True
+
+            refittable = set(refitter.get_all_weights())
+            absent = sorted(n for n in weights if n not in refittable)
+            if absent:  # not refittable in this engine (folded into something else?): it would stay stale
+                log.debug("trtrtx: region %s: weights %s are not refittable in its engine", self.name, absent[:5])
+                return False
+            for name, tensor in weights.items():  # (the model's other initializers: constants, kept)
+                if not give(name, tensor):
+                    return False
+            for name in refitter.get_missing_weights():
+                value = constant(name) if name else None
+                if value is None or not give(name, value):
+                    log.debug("trtrtx: region %s: the refitter also wants %r", self.name, name)
+                    return False
+            if not refitter.refit_cuda_engine():
+                log.debug("trtrtx: region %s: refit_cuda_engine failed: %s", self.name, errors)
+                return False
+            torch.cuda.synchronize(self.device)
+            if self.native_graphs:  # its graphs recorded the old weights: a new context captures anew
+                self.main = self._make_binding(True, self.specialization)
+                self.native_checked = False
+            return True
+
+    def serialized(self) -> memoryview:
+        """The engine as it is now (refitted: with its new weights), serialized."""
+        with self.lock:
+            return memoryview(self.engine.serialize()).cast("B")
 
     def _check_native(self, ctx: Any, stream: torch.cuda.Stream) -> None:
         """Say, once, when whole_graph_capture cannot do what the user asked for."""

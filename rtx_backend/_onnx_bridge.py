@@ -13,6 +13,7 @@ import dataclasses
 import io
 import logging
 import operator
+import re
 import warnings
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -26,6 +27,9 @@ from ._onnx_model import OnnxModel, as_bytes
 from ._onnx_rewrite import transposes_into_gemm
 
 log = logging.getLogger("rtx_backend")
+
+EXPORTED_AS = "gm."  # a region constant `c` is the model's initializer "gm.c" (the export wrapper's attribute)
+FROZEN = re.compile(r"(?:^|\.)_frozen_(\d+)$")  # a constant lowering froze from Dynamo input i (_lowering.freeze)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -288,8 +292,11 @@ def unfuse_attention(gm: torch.fx.GraphModule) -> None:
     gm.recompile()
 
 
-def export_region(gm: torch.fx.GraphModule, *, optimize: bool = True) -> OnnxRegion:
-    """Export one region to ONNX; raises BuildError with the exporter's message on failure."""
+def export_region(gm: torch.fx.GraphModule, *, optimize: bool = True, keep_weights: bool = False) -> OnnxRegion:
+    """Export one region to ONNX; raises BuildError with the exporter's message on failure.
+    `keep_weights`: each frozen weight stays an initializer of its own, by name and as it is in
+    PyTorch (the optimizer folds nothing into it), so that new weights can replace it: see
+    _weights."""
     tensor_args = tensors_only(gm)
     unfuse_attention(gm)
     placeholders = _placeholders(gm)
@@ -313,7 +320,8 @@ def export_region(gm: torch.fx.GraphModule, *, optimize: bool = True) -> OnnxReg
                     exported = _export_non_strict(wrapper, args, _dynamic_shapes(inputs))
             except Exception as exc:
                 raise BuildError(f"torch.export failed: {_first_line(exc)}") from exc
-            return _to_onnx(exported, args, [s.name for s in inputs], [s.name for s in outputs], optimize)
+            return _to_onnx(exported, args, [s.name for s in inputs], [s.name for s in outputs], optimize,
+                            keep_weights)
 
     try:
         # A thread of its own: the exporter starts from clean thread-local state (no Dynamo eval-frame
@@ -331,17 +339,31 @@ def export_region(gm: torch.fx.GraphModule, *, optimize: bool = True) -> OnnxReg
 
 
 def _to_onnx(
-    exported: Any, args: tuple[torch.Tensor, ...], input_names: list[str], output_names: list[str], optimize: bool
+    exported: Any, args: tuple[torch.Tensor, ...], input_names: list[str], output_names: list[str], optimize: bool,
+    keep_weights: bool = False,
 ) -> Any:
     """torch.onnx.export of the exported program, through _registry (which skips the registry
     rebuild of every public call) where this torch's private exporter API allows; weight
-    transposes are folded into Gemm flags before the exporter's optimizer runs (_onnx_rewrite)."""
+    transposes are folded into Gemm flags before the exporter's optimizer runs (_onnx_rewrite).
+
+    With `keep_weights`, the frozen weights are graph inputs while the optimizer runs: it folds
+    constants only, so a BatchNormalization stays one (TensorRT-RTX fuses it into the convolution
+    itself, and its refitter redoes that fusion from new weights), and each weight reaches the
+    parser under its own name with its own values."""
     program = _translate(exported, args, input_names, output_names)
     folded = transposes_into_gemm(program.model)
     if folded:
         _stats.count("weight_transposes_folded", folded)
     if optimize:
-        program.optimize()
+        graph = program.model.graph
+        kept = [v for n, v in graph.initializers.items() if FROZEN.search(n)] if keep_weights else []
+        graph.inputs.extend(kept)
+        try:
+            program.optimize()
+        finally:
+            for value in kept:
+                if value in graph.inputs:
+                    graph.inputs.remove(value)
     return program
 
 

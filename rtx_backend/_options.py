@@ -19,6 +19,7 @@ Target = tuple[int, int]
 RUNTIMES = ("auto", "tensorrt_rtx", "onnxruntime")
 SPECIALIZATION_STRATEGIES = ("lazy", "eager", "none")
 CUDA_GRAPH_STRATEGIES = ("disabled", "whole_graph_capture")
+WEIGHT_MODES = ("checked", "frozen")
 MAX_DIM = 2**31 - 1  # TensorRT-RTX dimensions are int32
 
 
@@ -77,6 +78,10 @@ class Options:
     """tqdm progress bar on long engine builds (only when attached to a terminal)."""
     optimize_onnx: bool = True
     """Run the ONNX exporter's optimizer (constant folding; the parser needs it for some ops)."""
+    weights: Literal["checked", "frozen"] = "checked"
+    """checked: every call checks that the weights the engines froze are the model's (same
+    tensors, not changed in place) and refits the engines when they are not; frozen: no check,
+    the engines answer with the weights of compile time (for deployment). See docs/weights.md."""
 
     def __post_init__(self) -> None:
         # Validate (and normalize) here rather than in from_dict, so that Options(...) and
@@ -107,7 +112,7 @@ class Options:
 
     def cache_key_fields(self) -> dict[str, Any]:
         """The options that change a built engine (part of the engine-cache key)."""
-        return {"optimize_onnx": self.optimize_onnx}
+        return {"optimize_onnx": self.optimize_onnx, "weights": self.weights}
 
     @property
     def engine_cache_path(self) -> Path | None:
@@ -312,6 +317,7 @@ _VALIDATORS: dict[str, Any] = {
     "strict": _bool,
     "progress": _bool,
     "optimize_onnx": _bool,
+    "weights": _choice(WEIGHT_MODES),
 }
 
 

@@ -113,3 +113,27 @@ def test_memory_cells_read_both_counts_and_older_results(bench):
     assert bench.memory_cell({"peak_device_mb": 412.4, "peak_torch_mb": 343.0}) == "412 (343)"
     assert bench.memory_cell({"peak_mem_mb": 61.2}) == "61"  # saved before the device count
     assert bench.memory_cell({"peak_device_mb": None, "peak_torch_mb": None}) == "-"
+
+
+def test_refit_bench_smoke_runs_and_saves(tmp_path):
+    """bench/refit.py on CPU: both variants compile, the weights change twice, results are saved."""
+    out = subprocess.run([sys.executable, str(ROOT / "bench" / "refit.py"), "--smoke", "--out", str(tmp_path)],
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    (saved,) = tmp_path.glob("*-refit-smoke.json")
+    rows = json.loads(saved.read_text())["models"]["mlp-2x256"]
+    assert [r["refittable"] for r in rows] == [True, False]
+    for row in rows:
+        assert row["stats"]["weight_refits"] == 2  # ONNX Runtime: a new session per change
+        assert row["change_1_rel_err_vs_eager"] < 1e-5 and row["change_2_rel_err_vs_eager"] < 1e-5
+        assert row["cold_build_s"] > 0 and row["median_ms"] > 0
+    assert "| mlp-2x256 | refittable |" in saved.with_suffix(".md").read_text()
+
+
+def test_the_weight_check_cost_grows_with_the_weights(bench):
+    """The check is measured on the guard itself: ResNet-50's 320 weights cost more than an MLP's 4."""
+    import torch
+
+    small = bench.weight_check_us(bench.mlp(16, 2).eval(), torch.zeros(1, 16), rounds=3, n=300)
+    large = bench.weight_check_us(bench.resnet50_like().eval(), torch.zeros(1, 3, 8, 8), rounds=3, n=300)
+    assert large > small

@@ -75,6 +75,8 @@ BAD_VALUES = [
     ("progress", "no", "True or False"),
     ("optimize_onnx", 0, "True or False"),
     ("dump_onnx_dir", 1.5, "path string"),
+    ("weights", "refit", "checked"),
+    ("weights", True, "frozen"),
 ]
 
 
