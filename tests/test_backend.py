@@ -365,9 +365,9 @@ def _options_seen(monkeypatch) -> list:
     seen = []
     real = _backend_module.compile_or_reuse
 
-    def spy(gm, example_inputs, options):
+    def spy(gm, example_inputs, options, *rest):
         seen.append(options)
-        return real(gm, example_inputs, options)
+        return real(gm, example_inputs, options, *rest)
 
     monkeypatch.setattr(_backend_module, "compile_or_reuse", spy)
     return seen
