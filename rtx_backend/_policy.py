@@ -47,6 +47,7 @@ class NodeFacts:
     input_dtypes: frozenset[torch.dtype]  # dtypes of the tensors the node reads
     dtypes: frozenset[torch.dtype]  # every tensor dtype the node reads or writes
     spatial_rank: int | None  # convolutions only; None there means unknown
+    traits: frozenset[str] = frozenset()  # e.g. "strided", "dilated" (convolutions)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,9 +60,12 @@ class Rule:
     dtypes: frozenset[torch.dtype] | None = None  # None: every dtype
     spatial_ranks: frozenset[int] | None = None  # None: every rank
     below: Target | None = None  # refused on targets < below; None: on every target
+    traits: frozenset[str] = frozenset()  # the node must have all of them
 
     def matches(self, facts: NodeFacts, target: Target | None) -> bool:
         if self.below is not None and (target is None or target >= self.below):
+            return False
+        if not self.traits <= facts.traits:
             return False
         if self.families is not None and facts.family not in self.families:
             return False
@@ -102,6 +106,9 @@ RULES: tuple[Rule, ...] = (
          families=CONV, spatial_ranks=frozenset({3}), below=TURING_AND_BELOW),
     Rule("fp32-conv-transpose3d-turing", "TensorRT-RTX cannot run FP32 3D deconvolutions on Turing",
          families=CONV_TRANSPOSE, dtypes=FP32, spatial_ranks=frozenset({3}), below=TURING_AND_BELOW),
+    # The builder refuses on every target: "Strided & Dilated Deconv are currently not supported".
+    Rule("strided-dilated-conv-transpose", "TensorRT-RTX cannot build transposed convolutions that are "
+         "both strided and dilated", families=CONV_TRANSPOSE, traits=frozenset({"strided", "dilated"})),
 )
 
 # Op families by ATen op name (the packet, e.g. "mm"). Anything reaching a matrix multiply is a
@@ -233,7 +240,31 @@ def node_facts(node: Node) -> NodeFacts | Reason:
             family = "conv_transpose"
         weight = inputs[1] if len(inputs) > 1 else inputs[0]
         rank = weight.dim() - 2 if name != "conv_tbc" else 1
+        if family == "conv_transpose":
+            return NodeFacts(family, input_dtypes, dtypes, rank, _conv_transpose_traits(node, name))
     return NodeFacts(family, input_dtypes, dtypes, rank)
+
+
+# (stride, dilation) argument positions of the transposed-convolution ops.
+_STRIDE_DILATION = {"convolution": (3, 5), "_convolution": (3, 5), "convolution_overrideable": (3, 5),
+                    "conv_transpose1d": (3, 7), "conv_transpose2d": (3, 7), "conv_transpose3d": (3, 7)}
+
+
+def conv_traits(stride: Any, dilation: Any) -> frozenset[str]:
+    """"strided" / "dilated" where any step is above 1; unknown values count as both (fail closed)."""
+    traits = set()
+    for trait, values in (("strided", stride), ("dilated", dilation)):
+        values = values if isinstance(values, (list, tuple)) else [values]
+        if any(not isinstance(v, int) or v > 1 for v in values):
+            traits.add(trait)
+    return frozenset(traits)
+
+
+def _conv_transpose_traits(node: Node, name: str) -> frozenset[str]:
+    if name not in _STRIDE_DILATION:
+        return frozenset({"strided", "dilated"})  # an op whose arguments we do not know: fail closed
+    stride_at, dilation_at = _STRIDE_DILATION[name]
+    return conv_traits(_arg(node, stride_at, "stride", 1), _arg(node, dilation_at, "dilation", 1))
 
 
 def first_match(

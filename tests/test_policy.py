@@ -233,6 +233,50 @@ def test_convolutions_on_turing(_name, kwargs, dims, fp32_rule, fp16_rule):
         assert not any(verdicts(gm, AMPERE).values())
 
 
+class Deconvs(nn.Module):
+    """A strided and dilated transposed convolution between ones TensorRT-RTX builds."""
+
+    def __init__(self, dims: int = 2) -> None:
+        super().__init__()
+        deconv = nn.ConvTranspose2d if dims == 2 else nn.ConvTranspose1d
+        self.strided = deconv(2, 3, 3, stride=2)
+        self.dilated = deconv(3, 3, 3, dilation=2)
+        self.both = deconv(3, 3, 3, stride=2, dilation=2)
+        self.plain = deconv(3, 2, 3)
+
+    def forward(self, x):
+        return self.plain(torch.relu(self.both(torch.relu(self.dilated(self.strided(x))))))
+
+
+@pytest.mark.parametrize("dims", [1, 2])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+def test_strided_and_dilated_transposed_convolutions_stay_in_pytorch(dims, dtype):
+    """TensorRT-RTX's builder refuses them on every target ("Strided & Dilated Deconv are
+    currently not supported"), which used to fail the whole region's build."""
+    model = Deconvs(dims).eval().to(dtype)
+    x = torch.randn(1, 2, *[6] * dims, dtype=dtype)
+    gm = lowered(model, x)
+    for targets in TARGET_SETS:
+        refused = {n: r for n, r in verdicts(gm, targets).items() if r is not None}
+        deconvs = [n for n in gm.graph.nodes if n.target == aten.convolution.default]
+        assert len(deconvs) == 4
+        (node,) = refused  # only the strided and dilated one, on every target
+        assert node is deconvs[2] and refused[node].rule == "strided-dilated-conv-transpose"
+        assert "strided and dilated" in refused[node].message
+        p = plan(gm, targets)
+        for name in p.regions:  # the others build, for every declared target
+            _engine.build(export_region(getattr(p.graph_module, name)).model, tuple(map(tuple, targets)), {})
+
+
+def test_the_onnx_screen_refuses_strided_and_dilated_deconvolutions():
+    gm = lowered(Deconvs().eval(), torch.randn(1, 2, 6, 6))
+    gm.graph.eliminate_dead_code()
+    model = onnx.load_from_string(export_region(copy.deepcopy(gm)).model)
+    refused = onnx_refusals(model, ((8, 6),))
+    kinds = {model.graph.node[i].op_type: r.rule for i, r in refused.items()}
+    assert kinds == {"ConvTranspose": "strided-dilated-conv-transpose"} and len(refused) == 1
+
+
 def test_bf16_anywhere_is_refused_on_turing_only():
     class Mixed(nn.Module):
         def forward(self, x):
