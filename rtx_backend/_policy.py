@@ -94,6 +94,13 @@ GEMM, CONV, CONV_TRANSPOSE = frozenset({"gemm"}), frozenset({"conv"}), frozenset
 
 RULES: tuple[Rule, ...] = (
     Rule("complex", "TensorRT-RTX has no complex dtypes", dtypes=COMPLEX),
+    # Under dynamic shapes torch.compile passes a module's Python floats (eps, an attention
+    # scale) as 0-d float64 tensors, and the arithmetic on them is float64. TensorRT-RTX cannot
+    # compute it exactly; in PyTorch it is a few scalar ops whose results the regions take as inputs.
+    Rule("fp64-scalar", "TensorRT-RTX has no FP64 tensors; this is float64 arithmetic on a scalar (a "
+         "Python float that torch.compile passes as a tensor under dynamic shapes), kept in PyTorch where it "
+         "is exact (a few scalar ops per call). To make such floats constants instead, set "
+         "torch._dynamo.config.specialize_float = True", dtypes=_dtypes("float64"), traits=frozenset({"scalar"})),
     Rule("fp64", "TensorRT-RTX has no FP64 tensors", dtypes=_dtypes("float64")),
     Rule("fp8", "FP8 needs SM 8.9 or newer", dtypes=FP8, below=(8, 9)),
     Rule("fp4", "FP4 needs SM 12.0 or newer", dtypes=FP4, below=(12, 0)),
@@ -231,6 +238,8 @@ def node_facts(node: Node) -> NodeFacts | Reason:
     dtypes = input_dtypes | frozenset(t.dtype for t in outputs)
     name = node.target._schema.name.split("::")[-1]  # type: ignore[union-attr]
     family, rank = op_family(name), None
+    if family == "other" and all(t.dim() == 0 for t in (*inputs, *outputs)):
+        return NodeFacts(family, input_dtypes, dtypes, rank, frozenset({"scalar"}))
     if name in ("cdist", "_cdist_forward"):
         family = "gemm" if _is_cdist_gemm(node, inputs) else "other"
     elif family in ("conv", "conv_transpose"):
