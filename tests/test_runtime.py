@@ -29,7 +29,7 @@ def _failing_enqueue(monkeypatch):
     monkeypatch.setattr(FakeEngine, "create_execution_context", make)
 
 
-def test_a_failed_enqueue_runs_the_region_in_pytorch_with_one_warning(fake_executor, monkeypatch, caplog):
+def test_a_failed_enqueue_runs_the_region_in_pytorch_with_one_warning(fake_executor, monkeypatch, caplog):  # noqa: F811
     _failing_enqueue(monkeypatch)
     failing, _, _ = fake_executor()
     model, compiled, x, region = _compiled_mlp()
@@ -46,7 +46,7 @@ def test_a_failed_enqueue_runs_the_region_in_pytorch_with_one_warning(fake_execu
 
 
 @pytest.mark.parametrize("options", [{"strict": True}, {"runtime": "tensorrt_rtx"}], ids=["strict", "tensorrt_rtx"])
-def test_a_failed_enqueue_raises_when_the_options_ask_for_it(fake_executor, monkeypatch, options):
+def test_a_failed_enqueue_raises_when_the_options_ask_for_it(fake_executor, monkeypatch, options):  # noqa: F811
     _failing_enqueue(monkeypatch)
     failing, _, _ = fake_executor(**options)
     _, compiled, x, region = _compiled_mlp()
