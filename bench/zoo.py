@@ -386,6 +386,11 @@ def cpu_problems(row: dict[str, Any], fp32_fully_lowered: bool) -> list[str]:
     return problems
 
 
+def _file(stem: Path, extension: str) -> Path:
+    """stem + extension (stems hold version numbers: with_suffix would cut them)."""
+    return stem.with_name(stem.name + extension)
+
+
 def cpu_main(args: argparse.Namespace) -> int:
     """Every Hugging Face model (and torchvision/timm where they import), FP32 and FP16, the three
     target sets; prints one line per run and what is wrong, saves JSON and markdown."""
@@ -412,13 +417,13 @@ def cpu_main(args: argparse.Namespace) -> int:
                       f"lowered {row.get('lowered_nodes', '-')}/{row.get('lowered_nodes', 0) + row.get('eager_nodes', 0)} "
                       f"regions {row.get('regions', '-')} {'; '.join(row['problems']) or 'ok'}", flush=True)
     stem = Path(args.out) / f"{datetime.date.today().isoformat()}-zoo-cpu{args.tag}"
-    stem.with_suffix(".json").write_text(json.dumps({"env": _environment(), "rows": rows}, indent=1))
+    _file(stem, ".json").write_text(json.dumps({"env": _environment(), "rows": rows}, indent=1))
     lines = ["| model | dtype | targets | s | lowered | in PyTorch (rules) | regions | problems |", "|---|" * 8]
     for r in rows:
         lines.append(f"| {r['model']} | {r['dtype']} | {r['targets']} | {r.get('seconds', '-')} | "
                      f"{r.get('lowered_nodes', '-')} | {r.get('eager_nodes', '-')} {r.get('eager_rules', '')} | "
                      f"{r.get('regions', '-')} | {'; '.join(r['problems']) or 'ok'} |")
-    stem.with_suffix(".md").write_text(f"# {stem.name}\n\n" + "\n".join(lines) + "\n")
+    _file(stem, ".md").write_text(f"# {stem.name}\n\n" + "\n".join(lines) + "\n")
     print(f"{len(rows)} runs, {failures} with problems; saved {stem}.json and .md")
     return 1 if failures else 0
 
@@ -550,8 +555,8 @@ def gpu_main(args: argparse.Namespace) -> int:
     stem = Path(args.out) / f"{env['date']}-zoo-{env.get('gpu', 'cpu').replace(' ', '-')}-{version}{args.tag}"
     results: dict[str, Any] = {"env": env, "backends": ["eager", "inductor", "inductor-ro", "torch_tensorrt",
                                                         "trtrtx", "trtrtx-cg"], "configs": []}
-    if stem.with_suffix(".json").exists():
-        results["configs"] = json.loads(stem.with_suffix(".json").read_text()).get("configs", [])
+    if _file(stem, ".json").exists():
+        results["configs"] = json.loads(_file(stem, ".json").read_text()).get("configs", [])
     done = {(c["model"], c["shape"][0], c["dtype"]) for c in results["configs"]}
     start = time.monotonic()
     cache_dir = args.cache_dir or tempfile.mkdtemp(prefix="zoo-cache-")
@@ -572,7 +577,7 @@ def gpu_main(args: argparse.Namespace) -> int:
             proc = subprocess.run(command, timeout=args.timeout_s, capture_output=True, text=True)
             config = json.loads(Path(path).read_text()) if proc.returncode == 0 else {
                 "model": name, "shape": [batch], "dtype": key[2], "backends": {},
-                "error": f"exit {proc.returncode}: {(proc.stderr or '').strip().splitlines()[-1:] or ''}"}
+                "error": f"exit {proc.returncode}: {' '.join((proc.stderr or '').strip().splitlines()[-1:])}"}
         except subprocess.TimeoutExpired:
             config = {"model": name, "shape": [batch], "dtype": key[2], "backends": {},
                       "error": f"timed out after {args.timeout_s}s"}
@@ -583,7 +588,7 @@ def gpu_main(args: argparse.Namespace) -> int:
                    for b, r in config["backends"].items()}
         print(f"{name} batch {batch} {key[2]}: {config.get('error') or summary} ({config['seconds']}s)", flush=True)
     text = bench.save(results, stem)
-    bench.plot(results, stem.with_suffix(".png"))
+    bench.plot(results, _file(stem, ".png"))
     print(text)
     print(f"saved {stem}.json, .md, .png")
     return 0
