@@ -150,7 +150,7 @@ HF: list[Entry] = [
         dict(num_labels=1000), IMAGE, "logits"), _image(32)),
     Entry("hf-efficientnet", "transformers", _hf(
         "EfficientNetForImageClassification", "EfficientNetConfig",
-        dict(width_coefficient=0.25, depth_coefficient=0.34, image_size=32, hidden_dim=320, num_labels=10),  # (its top conv: 1280 x width)
+        dict(width_coefficient=0.25, depth_coefficient=0.1, image_size=32, hidden_dim=320, num_labels=10),  # (its top conv: 1280 x width)
         # EfficientNet-B0's shape
         dict(width_coefficient=1.0, depth_coefficient=1.0, image_size=224, hidden_dim=1280, num_labels=1000),
         IMAGE, "logits"), _image(32)),
