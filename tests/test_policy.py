@@ -291,7 +291,7 @@ class FloatAttributes(nn.Module):
         return torch.relu(self.lin(x) * math.sqrt(self.scale * 2.0))
 
 
-def test_float64_scalar_arithmetic_says_why_it_stays_in_pytorch(monkeypatch):
+def test_float64_scalar_arithmetic_says_why_it_stays_in_pytorch():
     """Under dynamic shapes the float arrives as a 0-d float64 tensor: its arithmetic stays in
     PyTorch (exact), with a reason that says so and how to avoid it."""
     model, x = FloatAttributes().eval(), torch.randn(3, 8)
@@ -301,8 +301,8 @@ def test_float64_scalar_arithmetic_says_why_it_stays_in_pytorch(monkeypatch):
     for node in report.eager_nodes:
         assert node.rule == "fp64-scalar", node
         assert "specialize_float" in node.message
-    monkeypatch.setattr(torch._dynamo.config, "specialize_float", True)
-    report = rtx_backend.explain(model, x, options=options, dynamic=True)
+    with torch._dynamo.config.patch(specialize_float=True):
+        report = rtx_backend.explain(model, x, options=options, dynamic=True)
     assert not report.eager_nodes and len(report.regions) == 1
     facts = NodeFacts("other", frozenset({torch.float64}), frozenset({torch.float64}), None)
     # a float64 tensor that is not a scalar: plain "fp64"
