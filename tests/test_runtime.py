@@ -93,3 +93,28 @@ def test_an_onnx_runtime_error_raises_with_strict(monkeypatch):
     with torch.no_grad(), pytest.raises(rtx_backend.RtxBackendError, match="onnxruntime failed") as info:
         compiled(x)
     assert isinstance(info.value.__cause__, RuntimeError)
+
+
+@pytest.mark.gpu
+def test_gpu_an_engine_failing_at_call_time_runs_in_pytorch(monkeypatch, caplog):
+    """A real engine whose enqueue fails after it has run (as BERT's did on TensorRT-RTX 1.4.0)."""
+    from rtx_backend._executors import TrtExecutor
+
+    model = eval_model(MLP(), device="cuda")
+    x = torch.randn(4, 16, device="cuda")
+    compiled = torch.compile(model, backend="trtrtx", options={"min_block_size": 1})
+    with torch.no_grad(), recording() as graphs:
+        compiled(x)
+    (region,) = graphs[0].regions
+    assert region.kind == "tensorrt_rtx"
+
+    def fail(self, tensors, shapes=None):
+        raise rtx_backend.RtxBackendError(f"region {self.name}: TensorRT-RTX execute_async_v3 failed: injected")
+
+    monkeypatch.setattr(TrtExecutor, "__call__", fail)
+    caplog.clear()
+    with torch.no_grad(), caplog.at_level(logging.WARNING, "rtx_backend"):
+        for _ in range(3):
+            torch.testing.assert_close(compiled(x), model(x))
+    assert caplog.text.count("execute_async_v3 failed: injected") == 1
+    assert region.kind == "pytorch"
