@@ -418,7 +418,7 @@ def cpu_main(args: argparse.Namespace) -> int:
                       f"regions {row.get('regions', '-')} {'; '.join(row['problems']) or 'ok'}", flush=True)
     stem = Path(args.out) / f"{datetime.date.today().isoformat()}-zoo-cpu{args.tag}"
     _file(stem, ".json").write_text(json.dumps({"env": _environment(), "rows": rows}, indent=1))
-    lines = ["| model | dtype | targets | s | lowered | in PyTorch (rules) | regions | problems |", "|---|" * 8]
+    lines = ["| model | dtype | targets | s | lowered | in PyTorch (rules) | regions | problems |", "|" + "---|" * 8]
     for r in rows:
         lines.append(f"| {r['model']} | {r['dtype']} | {r['targets']} | {r.get('seconds', '-')} | "
                      f"{r.get('lowered_nodes', '-')} | {r.get('eager_nodes', '-')} {r.get('eager_rules', '')} | "
