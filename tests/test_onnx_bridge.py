@@ -61,3 +61,15 @@ def test_grouped_query_attention_with_a_dynamic_batch():
             torch.testing.assert_close(compiled(*args), model(*args), atol=2e-2, rtol=2e-2)
     stats = rtx_backend.stats()
     assert stats.get("engine_builds", 0) >= 1 and "validation_failures" not in stats, stats
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [True, False])
+def test_gpu_grouped_query_attention_runs_on_tensorrt_rtx(causal):
+    """On CUDA the lowering picks a fused attention kernel; unfused for export, it is expanded too."""
+    model = GroupedAttention(causal, False).eval()
+    q, k, v = (t.cuda() for t in _qkv(torch.float16))
+    out = compile_and_run(model, q, k, v, min_block_size=1)
+    assert [r.kind for r in regions()] == ["tensorrt_rtx"]
+    assert "validation_failures" not in rtx_backend.stats()
+    torch.testing.assert_close(out, model(q, k, v), atol=2e-2, rtol=2e-2)
