@@ -97,7 +97,7 @@ RULES: tuple[Rule, ...] = (
     # Under dynamic shapes torch.compile passes a module's Python floats (eps, an attention
     # scale) as 0-d float64 tensors, and the arithmetic on them is float64. TensorRT-RTX cannot
     # compute it exactly; in PyTorch it is a few scalar ops whose results the regions take as inputs.
-    Rule("fp64-scalar", "TensorRT-RTX has no FP64 tensors; this is float64 arithmetic on a scalar (a "
+    Rule("fp64-scalar", "TensorRT-RTX has no FP64 tensors; this is float64 arithmetic on a scalar (typically a "
          "Python float that torch.compile passes as a tensor under dynamic shapes), kept in PyTorch where it "
          "is exact (a few scalar ops per call). To make such floats constants instead, set "
          "torch._dynamo.config.specialize_float = True", dtypes=_dtypes("float64"), traits=frozenset({"scalar"})),
