@@ -304,7 +304,7 @@ def runtime_module(
             log.info("trtrtx: region %s: its cached engine was validated on this GPU before; not checked again", name)
     module = RegionModule(name, reference, onnx_region, engine, executor, validate=validate, profile=widener,
                           on_validated=on_validated, engine_key=record.key if record is not None else None,
-                          device=device)
+                          device=device, strict=options.strict or options.runtime == "tensorrt_rtx")
     module.why = getattr(executor, "why", "")
     module.engine_source = "engine cache" if engine is not None and record is not None else ""
     return module

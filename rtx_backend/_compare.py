@@ -213,3 +213,70 @@ def _differences(a: torch.Tensor, r: torch.Tensor) -> tuple[torch.Tensor, torch.
 
 def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
+
+
+# Low-precision outputs that miss their tolerance are judged against an FP32 run instead: two FP16
+# results (an engine's, PyTorch's) can differ from each other more than either differs from FP32
+# (deep conv/BN/SiLU nets: EfficientNet's logits). The engine passes when it is no further from
+# FP32 than FP32_FACTOR times PyTorch's own FP16 result, plus FP32_FLOOR times the FP32 output's
+# RMS, in both RMS and max error. A broken engine (zeros, garbage, a layout error) is ~100% of
+# the RMS away; FP16 rounding is ~1%.
+FP32_FACTOR = 3.0
+FP32_FLOOR = 0.01
+LOW_PRECISION = (torch.float16, torch.bfloat16)
+
+
+@dataclasses.dataclass(frozen=True)
+class Fp32Judgment:
+    """How an output and PyTorch's result in the same precision compare with an FP32 run."""
+
+    name: str
+    rms: float  # RMS of (output - fp32)
+    max_abs: float
+    torch_rms: float  # the same for PyTorch's result
+    torch_max_abs: float
+    scale: float  # RMS of the FP32 output
+    problem: str
+
+    @property
+    def passed(self) -> bool:
+        return not self.problem
+
+    def summary(self) -> str:
+        return (
+            f"{self.name} against an FP32 run: {self.problem or 'ok'}; RMS err {self.rms:.3g} (PyTorch's "
+            f"{self.torch_rms:.3g}), max abs err {self.max_abs:.3g} (PyTorch's {self.torch_max_abs:.3g}), "
+            f"FP32 RMS {self.scale:.3g}; allowed {FP32_FACTOR:g}x PyTorch's + {FP32_FLOOR:g}x FP32 RMS"
+        )
+
+
+def judge_by_fp32(actual: torch.Tensor, reference: torch.Tensor, fp32: torch.Tensor, name: str = "output") -> Fp32Judgment:
+    """Whether `actual` is as close to `fp32` as `reference` (PyTorch, in `actual`'s dtype) is.
+
+    NaN or Inf in `actual` where `reference` has not the same one fails; elements that are not
+    finite in the FP32 run or in `reference` are left out of the distances.
+    """
+    a = actual.detach().to(fp32.device, torch.float64).reshape(-1)
+    r = reference.detach().to(fp32.device, torch.float64).reshape(-1)
+    f = fp32.detach().double().reshape(-1)
+    bad = ~torch.isfinite(a) & ~((torch.isnan(a) & torch.isnan(r)) | (a == r))
+    keep = torch.isfinite(a) & torch.isfinite(r) & torch.isfinite(f)
+
+    def distances(x: torch.Tensor) -> tuple[float, float]:
+        d = torch.where(keep, x - f, 0)
+        count = max(int(keep.sum()), 1)
+        return math.sqrt(float(d.square().sum()) / count), float(d.abs().max()) if d.numel() else 0.0
+
+    rms, max_abs = distances(a)
+    torch_rms, torch_max = distances(r)
+    count = max(int(keep.sum()), 1)
+    scale = math.sqrt(float(torch.where(keep, f, 0).square().sum()) / count)
+    floor = FP32_FLOOR * scale
+    problem = ""
+    if int(bad.sum()):
+        problem = f"{int(bad.sum())} NaN or Inf elements where PyTorch has finite values"
+    elif a.numel() and not bool((a != 0).any()) and scale > 0:
+        problem = "all zeros where the FP32 run is not"
+    elif rms > FP32_FACTOR * torch_rms + floor or max_abs > FP32_FACTOR * torch_max + floor:
+        problem = "further from FP32 than PyTorch's result allows"
+    return Fp32Judgment(name, rms, max_abs, torch_rms, torch_max, scale, problem)

@@ -73,9 +73,29 @@ def _encoder_layer(
     return norm2(x + feed_forward(x))
 
 
+def _avg_pool2d(
+    x: torch.Tensor, kernel_size: Any, stride: Any = (), padding: Any = 0, ceil_mode: bool = False,
+    count_include_pad: bool = True, divisor_override: int | None = None,
+) -> Any:
+    """An average pool whose window covers the whole (unpadded) input, as a mean over it.
+
+    Hugging Face's EfficientNet pools with AvgPool2d(1280, ceil_mode=True) on a 7x7 map: one
+    output, the mean of every element (the window is cut at the input's end, and so is its
+    divisor). TensorRT-RTX's parser rejects a window larger than its input; the mean exports."""
+    kernel = [kernel_size] * 2 if isinstance(kernel_size, int) else list(kernel_size)
+    kernel = kernel * 2 if len(kernel) == 1 else kernel
+    pads = [padding] * 2 if isinstance(padding, int) else list(padding)
+    size = x.shape[-2:]
+    if (divisor_override is not None or any(p != 0 for p in pads)
+            or not all(isinstance(s, int) and isinstance(k, int) and k >= s for s, k in zip(size, kernel))):
+        return NotImplemented
+    return x.mean((-2, -1), keepdim=True)
+
+
 TABLE: dict[Any, Callable[..., Any]] = {
     aten._cdist_forward.default: _cdist_forward,  # the exporter has no cdist
     aten._transformer_encoder_layer_fwd.default: _encoder_layer,
+    aten.avg_pool2d.default: _avg_pool2d,  # the parser rejects windows larger than the input
 }
 
 

@@ -22,12 +22,24 @@ from . import _decompositions, _exporter_ops
 InferenceCompiler = Callable[[torch.fx.GraphModule, Sequence[Any]], Callable[..., Any]]
 
 
+# Ops that wrap a real tensor made during tracing (a Python scalar assigned into a slice:
+# `mask[a:b] = 1.0` lifts `tensor(1.)`) into the fake world. Fake tensor mode handles them
+# itself; decomposed (to alias), the real tensor reaches fake kernels and tracing fails
+# ("Please convert all Tensors to FakeTensors first"). The exporter's table has them because it
+# traces without fake inputs.
+_KEEP_FOR_FAKE_MODE = ("lift", "lift_fresh", "lift_fresh_copy")
+
+
 @functools.cache
 def decompositions() -> dict[Any, Callable[..., Any]]:
     """PyTorch's decompositions, minus those of ops the ONNX exporter translates as they are."""
     from torch.onnx._internal.exporter import _decomp
 
     table = _decomp.create_onnx_friendly_decomposition_table(_exporter_ops.overloads())  # type: ignore[arg-type]
+    for name in _KEEP_FOR_FAKE_MODE:
+        packet = getattr(torch.ops.aten, name)
+        for overload in packet.overloads():
+            table.pop(getattr(packet, overload), None)
     table.update(_decompositions.TABLE)
     return table
 

@@ -292,6 +292,60 @@ def unfuse_attention(gm: torch.fx.GraphModule) -> None:
     gm.recompile()
 
 
+_ATTENTION = (
+    torch.ops.aten.scaled_dot_product_attention.default,
+    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default,
+)
+
+
+def expand_grouped_attention(gm: torch.fx.GraphModule) -> None:
+    """Give grouped-query attention (fewer key/value heads than query heads: enable_gqa=True,
+    Llama's num_key_value_heads) as many key/value heads as query heads, each repeated for its
+    group, as PyTorch computes it.
+
+    The exporter translates attention as MatMuls of query and key as they are, which TensorRT-RTX's
+    parser rejects when the head counts differ ("broadcast dimensions must be conformable"). The
+    repeat is an unsqueeze, expand and flatten (what Hugging Face's repeat_kv does), which
+    export and parse everywhere."""
+    aten = torch.ops.aten
+    changed = False
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target not in _ATTENTION:
+            continue
+        q, k, v = (a.meta.get("val") if isinstance(a, torch.fx.Node) else None for a in node.args[:3])
+        if not all(isinstance(t, torch.Tensor) and t.dim() >= 3 for t in (q, k, v)):
+            continue
+        assert isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor)
+        heads, kv_heads = _hint(q.shape[-3]), _hint(k.shape[-3])
+        if heads is None or kv_heads is None or heads == kv_heads or heads % kv_heads:
+            continue
+        rank = k.dim()
+        repeated = []
+        with gm.graph.inserting_before(node):
+            group: Any = heads // kv_heads
+            if not (isinstance(q.shape[-3], int) and isinstance(k.shape[-3], int)):  # head counts symbolic
+                sizes = [gm.graph.call_function(aten.sym_size.int, (a, rank - 3)) for a in node.args[:2]]
+                group = gm.graph.call_function(operator.floordiv, tuple(sizes))
+            for arg in node.args[1:3]:
+                x = gm.graph.call_function(aten.unsqueeze.default, (arg, rank - 2))
+                x = gm.graph.call_function(aten.expand.default, (x, [-1] * (rank - 2) + [group, -1, -1]))
+                repeated.append(gm.graph.call_function(aten.flatten.using_ints, (x, rank - 3, rank - 2)))
+        node.args = (node.args[0], *repeated, *node.args[3:])
+        node.kwargs = {k: v for k, v in node.kwargs.items() if k != "enable_gqa"}
+        changed = True
+    if changed:
+        gm.graph.lint()
+        gm.recompile()
+
+
+def _hint(size: Any) -> int | None:
+    """A size's value, or the value traced for a symbolic one (None if it has none)."""
+    if isinstance(size, int):
+        return size
+    hint = getattr(getattr(size, "node", None), "hint", None)
+    return int(hint) if hint is not None else None
+
+
 def export_region(gm: torch.fx.GraphModule, *, optimize: bool = True, keep_weights: bool = False) -> OnnxRegion:
     """Export one region to ONNX; raises BuildError with the exporter's message on failure.
     `keep_weights`: each frozen weight stays an initializer of its own, by name and as it is in
@@ -299,6 +353,7 @@ def export_region(gm: torch.fx.GraphModule, *, optimize: bool = True, keep_weigh
     _weights."""
     tensor_args = tensors_only(gm)
     unfuse_attention(gm)
+    expand_grouped_attention(gm)
     placeholders = _placeholders(gm)
     inputs = tuple(_spec(f"input_{k}", placeholders[i].meta["val"]) for k, i in enumerate(tensor_args))
     output_node = next(n for n in gm.graph.nodes if n.op == "output")

@@ -47,6 +47,7 @@ class NodeFacts:
     input_dtypes: frozenset[torch.dtype]  # dtypes of the tensors the node reads
     dtypes: frozenset[torch.dtype]  # every tensor dtype the node reads or writes
     spatial_rank: int | None  # convolutions only; None there means unknown
+    traits: frozenset[str] = frozenset()  # e.g. "strided", "dilated" (convolutions)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,9 +60,12 @@ class Rule:
     dtypes: frozenset[torch.dtype] | None = None  # None: every dtype
     spatial_ranks: frozenset[int] | None = None  # None: every rank
     below: Target | None = None  # refused on targets < below; None: on every target
+    traits: frozenset[str] = frozenset()  # the node must have all of them
 
     def matches(self, facts: NodeFacts, target: Target | None) -> bool:
         if self.below is not None and (target is None or target >= self.below):
+            return False
+        if not self.traits <= facts.traits:
             return False
         if self.families is not None and facts.family not in self.families:
             return False
@@ -90,6 +94,13 @@ GEMM, CONV, CONV_TRANSPOSE = frozenset({"gemm"}), frozenset({"conv"}), frozenset
 
 RULES: tuple[Rule, ...] = (
     Rule("complex", "TensorRT-RTX has no complex dtypes", dtypes=COMPLEX),
+    # Under dynamic shapes torch.compile passes a module's Python floats (eps, an attention
+    # scale) as 0-d float64 tensors, and the arithmetic on them is float64. TensorRT-RTX cannot
+    # compute it exactly; in PyTorch it is a few scalar ops whose results the regions take as inputs.
+    Rule("fp64-scalar", "TensorRT-RTX has no FP64 tensors; this is float64 arithmetic on a scalar (typically a "
+         "Python float that torch.compile passes as a tensor under dynamic shapes), kept in PyTorch where it "
+         "is exact (a few scalar ops per call). To make such floats constants instead, set "
+         "torch._dynamo.config.specialize_float = True", dtypes=_dtypes("float64"), traits=frozenset({"scalar"})),
     Rule("fp64", "TensorRT-RTX has no FP64 tensors", dtypes=_dtypes("float64")),
     Rule("fp8", "FP8 needs SM 8.9 or newer", dtypes=FP8, below=(8, 9)),
     Rule("fp4", "FP4 needs SM 12.0 or newer", dtypes=FP4, below=(12, 0)),
@@ -102,6 +113,9 @@ RULES: tuple[Rule, ...] = (
          families=CONV, spatial_ranks=frozenset({3}), below=TURING_AND_BELOW),
     Rule("fp32-conv-transpose3d-turing", "TensorRT-RTX cannot run FP32 3D deconvolutions on Turing",
          families=CONV_TRANSPOSE, dtypes=FP32, spatial_ranks=frozenset({3}), below=TURING_AND_BELOW),
+    # The builder refuses on every target: "Strided & Dilated Deconv are currently not supported".
+    Rule("strided-dilated-conv-transpose", "TensorRT-RTX cannot build transposed convolutions that are "
+         "both strided and dilated", families=CONV_TRANSPOSE, traits=frozenset({"strided", "dilated"})),
 )
 
 # Op families by ATen op name (the packet, e.g. "mm"). Anything reaching a matrix multiply is a
@@ -224,6 +238,8 @@ def node_facts(node: Node) -> NodeFacts | Reason:
     dtypes = input_dtypes | frozenset(t.dtype for t in outputs)
     name = node.target._schema.name.split("::")[-1]  # type: ignore[union-attr]
     family, rank = op_family(name), None
+    if family == "other" and all(t.dim() == 0 for t in (*inputs, *outputs)):
+        return NodeFacts(family, input_dtypes, dtypes, rank, frozenset({"scalar"}))
     if name in ("cdist", "_cdist_forward"):
         family = "gemm" if _is_cdist_gemm(node, inputs) else "other"
     elif family in ("conv", "conv_transpose"):
@@ -233,7 +249,31 @@ def node_facts(node: Node) -> NodeFacts | Reason:
             family = "conv_transpose"
         weight = inputs[1] if len(inputs) > 1 else inputs[0]
         rank = weight.dim() - 2 if name != "conv_tbc" else 1
+        if family == "conv_transpose":
+            return NodeFacts(family, input_dtypes, dtypes, rank, _conv_transpose_traits(node, name))
     return NodeFacts(family, input_dtypes, dtypes, rank)
+
+
+# (stride, dilation) argument positions of the transposed-convolution ops.
+_STRIDE_DILATION = {"convolution": (3, 5), "_convolution": (3, 5), "convolution_overrideable": (3, 5),
+                    "conv_transpose1d": (3, 7), "conv_transpose2d": (3, 7), "conv_transpose3d": (3, 7)}
+
+
+def conv_traits(stride: Any, dilation: Any) -> frozenset[str]:
+    """"strided" / "dilated" where any step is above 1; unknown values count as both (fail closed)."""
+    traits = set()
+    for trait, values in (("strided", stride), ("dilated", dilation)):
+        values = values if isinstance(values, (list, tuple)) else [values]
+        if any(not isinstance(v, int) or v > 1 for v in values):
+            traits.add(trait)
+    return frozenset(traits)
+
+
+def _conv_transpose_traits(node: Node, name: str) -> frozenset[str]:
+    if name not in _STRIDE_DILATION:
+        return frozenset({"strided", "dilated"})  # an op whose arguments we do not know: fail closed
+    stride_at, dilation_at = _STRIDE_DILATION[name]
+    return conv_traits(_arg(node, stride_at, "stride", 1), _arg(node, dilation_at, "dilation", 1))
 
 
 def first_match(

@@ -17,7 +17,7 @@ from torch.nn.modules import module as _module
 
 from ._engine import EngineData
 from ._engine_cache import Key
-from ._errors import CudaGraphError, RtxBackendError, RuntimeUnavailableError
+from ._errors import CudaGraphError, RtxBackendError
 from ._executors import OrtExecutor, TorchExecutor, TrtExecutor
 from ._onnx_bridge import OnnxRegion
 from ._profiles import EngineProfile
@@ -52,6 +52,7 @@ class RegionModule(torch.nn.Module):
         on_validated: Callable[[], None] | None = None,
         engine_key: Key | None = None,
         device: torch.device | None = None,
+        strict: bool = False,
     ) -> None:
         super().__init__()
         self.name = name
@@ -72,6 +73,7 @@ class RegionModule(torch.nn.Module):
         self.fitted_shapes: tuple[torch.Size, ...] | None = None  # the last input shapes the executor takes
         self.engine_key = engine_key  # the engine-cache entry of `engine` (a graph-cache entry names it)
         self.device = device or region_device(graph)  # given where the graph has lost its metadata
+        self.strict = strict  # a failure at call time raises instead of falling back to PyTorch
         self.pick_tensors = picker(onnx_region.tensor_args if onnx_region is not None else ())
         self.why = ""  # why the region does not run on TensorRT-RTX (rtx_backend.recording shows it)
         self.engine_source = ""  # "built", "engine cache" or "" (no engine): set by the backend
@@ -104,7 +106,7 @@ class RegionModule(torch.nn.Module):
                 self.capture_fallback_said = True
                 log.warning("trtrtx: %s. The region runs in PyTorch inside such captures.", exc)
             return tuple(self.graph_module(*args))
-        except RuntimeUnavailableError as exc:  # its contexts could not be made (TrtExecutor._setup)
+        except Exception as exc:  # contexts not made (TrtExecutor._setup), enqueue failed, ORT raised
             return self.run_in_pytorch(runner, exc, args)
         if validating:
             with self.validation_lock:  # a thread must not return unchecked outputs while one checks
@@ -138,15 +140,22 @@ class RegionModule(torch.nn.Module):
         except Exception:
             return None
 
-    def run_in_pytorch(self, runner: Any, exc: RuntimeUnavailableError, args: Sequence[Any]) -> tuple[torch.Tensor, ...]:
-        """The region's results from PyTorch, which runs it from now on, when its executor cannot
-        run; unless the options ask for TensorRT-RTX or nothing (runtime="tensorrt_rtx", strict)."""
+    def run_in_pytorch(self, runner: Any, exc: Exception, args: Sequence[Any]) -> tuple[torch.Tensor, ...]:
+        """The region's results from PyTorch, which runs it from now on, when its executor fails
+        at call time (contexts that cannot be made, a failed enqueue, an ONNX Runtime error): one
+        warning, then PyTorch; unless the options ask for TensorRT-RTX or nothing
+        (runtime="tensorrt_rtx", strict), which raise."""
+        if not isinstance(exc, RtxBackendError):
+            wrapped = RtxBackendError(f"region {self.name}: {runner.kind} failed: {type(exc).__name__}: {exc}")
+            wrapped.__cause__ = exc
+            exc = wrapped
         options = getattr(runner, "options", None)
-        if options is not None and (options.strict or options.runtime == "tensorrt_rtx"):
+        if self.strict or (options is not None and (options.strict or options.runtime == "tensorrt_rtx")):
             raise exc
-        log.warning("trtrtx: %s; region %s runs in PyTorch from now on", exc, self.name)
-        self.executor = TorchExecutor(self.graph_module)
-        self.why = str(exc)
+        if self.executor is runner:  # (not taken again by a thread that failed at the same time)
+            log.warning("trtrtx: %s; region %s runs in PyTorch from now on", exc, self.name)
+            self.executor = TorchExecutor(self.graph_module)
+            self.why = str(exc)
         return tuple(self.graph_module(*args))
 
     def fit_profile(self, tensors: Sequence[torch.Tensor]) -> bool:

@@ -24,7 +24,7 @@ from ._engine import Network
 from ._errors import RegionRefused
 from ._onnx_model import OnnxModel, as_bytes
 from ._options import Target
-from ._policy import RULES, NodeFacts, Reason, Rule, first_match
+from ._policy import RULES, NodeFacts, Reason, Rule, conv_traits, first_match
 
 log = logging.getLogger("rtx_backend")
 
@@ -141,7 +141,11 @@ def onnx_facts(node: onnx.NodeProto, types: dict[str, tuple[int, int | None]]) -
     if family != "gemm" and len(node.input) > 1:
         weight_rank = types.get(node.input[1], (0, None))[1]
         rank = weight_rank - 2 if weight_rank is not None else None
-    return NodeFacts(family, frozenset(dtypes), frozenset(dtypes), rank)
+    traits: frozenset[str] = frozenset()
+    if family == "conv_transpose":
+        attrs = {a.name: list(a.ints) for a in node.attribute}
+        traits = conv_traits(attrs.get("strides", [1]), attrs.get("dilations", [1]))
+    return NodeFacts(family, frozenset(dtypes), frozenset(dtypes), rank, traits)
 
 
 def parser_refusals(model: bytes, proto: onnx.ModelProto) -> dict[int, Reason]:

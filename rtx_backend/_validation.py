@@ -7,6 +7,11 @@ region; after it, the runtime module pays one identity test per call. On disagre
 region's PyTorch outputs are returned, an ERROR names the region and the numbers, and the
 region runs in PyTorch from then on: a wrong engine is a loud event, never a wrong answer.
 
+FP16 and BF16 outputs that miss their tolerance get a second look: the region's graph runs
+once more in FP32, and the output passes if it is no further from that run than PyTorch's own
+result in the same precision is (see `_compare.judge_by_fp32`). Two low-precision results can
+differ from each other more than either differs from FP32, and it is FP32 they approximate.
+
 No check runs while the stream is being captured into a CUDA graph (the reference run and the
 host reads of the comparison cannot be captured); the check then waits for the first call that
 is not captured.
@@ -21,7 +26,7 @@ from typing import Any
 import torch
 
 from . import _stats
-from ._compare import compare, default_tolerance
+from ._compare import LOW_PRECISION, compare, default_tolerance, judge_by_fp32
 from ._executors import TorchExecutor, stream_capturing
 
 log = logging.getLogger("rtx_backend")
@@ -57,7 +62,9 @@ def first_call(
         log.warning("trtrtx: could not validate region %s against PyTorch: %s", module.name, exc)
         return outputs
     _stats.count("validations")
-    failed = [c for c in checks if not c.passed]
+    failed: list[Any] = [c for c in checks if not c.passed]
+    if failed and len(outputs) == len(reference):
+        failed = rejudge_in_fp32(module, args, outputs, reference, failed)
     if len(outputs) != len(reference):
         failed_text = f"{len(outputs)} outputs where PyTorch gives {len(reference)}"
     elif failed:
@@ -79,3 +86,57 @@ def first_call(
     module.validated_executor = torch_executor
     module.why = f"its {executor.kind} result disagreed with PyTorch on the first call ({failed_text})"
     return reference
+
+
+def rejudge_in_fp32(
+    module: Any, args: Sequence[Any], outputs: Sequence[torch.Tensor], reference: Sequence[torch.Tensor],
+    failed: list[Any],
+) -> list[Any]:
+    """The failed checks that still fail when their low-precision outputs are judged against an
+    FP32 run of the region. Outputs that are all zero, of another shape or dtype, or not low
+    precision keep their verdict."""
+    second = [c for c in failed if c.dtype in LOW_PRECISION and c.mismatches and not c.all_zero]
+    if not second:
+        return failed
+    try:
+        fp32 = run_in_fp32(module.graph_module, args)
+    except Exception as exc:
+        log.debug("trtrtx: region %s: no FP32 run to judge its outputs by: %s", module.name, exc)
+        return failed
+    index = {f"output_{i}": i for i in range(len(outputs))}
+    still = [c for c in failed if c not in second]
+    for c in second:
+        i = index[c.name]
+        judgment = judge_by_fp32(outputs[i], reference[i], fp32[i], c.name)
+        if judgment.passed:
+            log.info("trtrtx: region %s: %s; %s", module.name, c.summary(), judgment.summary())
+        else:
+            still.append(judgment)
+    return still
+
+
+_UPCAST = {torch.float16: torch.float32, torch.bfloat16: torch.float32}
+
+
+class _Fp32Interpreter(torch.fx.Interpreter):
+    """Runs a graph with every FP16/BF16 tensor and dtype argument made FP32."""
+
+    def run_node(self, n: torch.fx.Node) -> Any:
+        with self._set_current_node(n):
+            args, kwargs = self.fetch_args_kwargs_from_env(n)
+            args, kwargs = torch.utils._pytree.tree_map(_upcast, (args, kwargs))
+            return getattr(self, n.op)(n.target, args, kwargs)
+
+
+def _upcast(value: Any) -> Any:
+    if isinstance(value, torch.Tensor) and value.dtype in _UPCAST:
+        return value.float()
+    if isinstance(value, torch.dtype):
+        return _UPCAST.get(value, value)
+    return value
+
+
+def run_in_fp32(gm: torch.fx.GraphModule, args: Sequence[Any]) -> tuple[torch.Tensor, ...]:
+    """The region's outputs computed in FP32 from the same (low-precision) inputs."""
+    with torch.no_grad():
+        return tuple(_Fp32Interpreter(gm).run(*args))

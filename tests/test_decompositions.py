@@ -6,9 +6,12 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
 import torch
 
 from rtx_backend import _decompositions
+
+from .helpers import _LAST, compile_and_run, regions
 
 
 def test_meta_kernel_gives_the_inputs_shape_and_dtype():
@@ -52,3 +55,45 @@ def test_registration_where_torch_has_none():
     """)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-3000:]
+
+
+@pytest.mark.parametrize(("shape", "kernel", "ceil_mode"), [
+    ((2, 3, 7, 7), 1280, True), ((2, 3, 7, 7), 7, False), ((1, 2, 5, 6), (5, 6), False), ((3, 4, 4), 9, True),
+])
+def test_an_average_pool_over_the_whole_input_is_its_mean(shape, kernel, ceil_mode):
+    x = torch.randn(*shape)
+    kernel_arg = [kernel] if isinstance(kernel, int) else list(kernel)
+    expected = torch.nn.functional.avg_pool2d(x, kernel, ceil_mode=ceil_mode)
+    got = _decompositions._avg_pool2d(x, kernel_arg, [], [0, 0], ceil_mode)
+    torch.testing.assert_close(got, expected)
+
+
+def test_other_average_pools_keep_the_kernel():
+    x = torch.randn(1, 2, 8, 8)
+    assert _decompositions._avg_pool2d(x, [2, 2], [2, 2], [0, 0]) is NotImplemented
+    assert _decompositions._avg_pool2d(x, [8, 8], [8, 8], [1, 1]) is NotImplemented
+    assert _decompositions._avg_pool2d(x, [8, 8], [], [0, 0], False, True, 3) is NotImplemented
+
+
+class WholeMapPool(torch.nn.Module):
+    """Hugging Face EfficientNet's pooler: a window far larger than the feature map."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.pool = torch.nn.AvgPool2d(1280, ceil_mode=True)
+
+    def forward(self, x):
+        return torch.relu(self.pool(torch.relu(self.conv(x)))).flatten(1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_a_whole_map_average_pool_lowers_and_builds(dtype):
+    """TensorRT-RTX's parser rejected the AveragePool (window larger than the input), and the
+    ONNX screen kept it in PyTorch."""
+    model = WholeMapPool().eval().to(dtype)
+    x = torch.randn(2, 3, 7, 7, dtype=dtype)
+    out = compile_and_run(model, x, target_compute_capabilities=[(8, 6)], min_block_size=1)
+    torch.testing.assert_close(out, model(x), atol=2e-3, rtol=2e-3)
+    assert [r.kind for r in regions()] == ["onnxruntime"] and regions()[0].engine is not None
+    assert len(_LAST[0].plan.eager_ops) == 0

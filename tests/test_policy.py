@@ -5,6 +5,7 @@ over the model zoo (tests/zoo.py): every region the backend makes must build."""
 from __future__ import annotations
 
 import copy
+import math
 import operator
 
 import onnx
@@ -13,13 +14,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+import rtx_backend
 from rtx_backend import _engine
 from rtx_backend._backend import plan_graph
 from rtx_backend._errors import BuildError
 from rtx_backend._lowering import lower
 from rtx_backend._onnx_bridge import export_region
 from rtx_backend._options import Options
-from rtx_backend._policy import CapabilitySupport, NodeFacts, Reason, op_family
+from rtx_backend._policy import RULES, CapabilitySupport, NodeFacts, Reason, op_family
 from rtx_backend._screen import onnx_refusals
 
 from .helpers import _LAST, compile_and_run, regions
@@ -231,6 +233,80 @@ def test_convolutions_on_turing(_name, kwargs, dims, fp32_rule, fp16_rule):
         others = [r for n, r in verdicts(gm, TURING).items() if n not in convs and r is not None]
         assert not others  # the padding itself stays on TensorRT-RTX
         assert not any(verdicts(gm, AMPERE).values())
+
+
+class Deconvs(nn.Module):
+    """A strided and dilated transposed convolution between ones TensorRT-RTX builds."""
+
+    def __init__(self, dims: int = 2) -> None:
+        super().__init__()
+        deconv = nn.ConvTranspose2d if dims == 2 else nn.ConvTranspose1d
+        self.strided = deconv(2, 3, 3, stride=2)
+        self.dilated = deconv(3, 3, 3, dilation=2)
+        self.both = deconv(3, 3, 3, stride=2, dilation=2)
+        self.plain = deconv(3, 2, 3)
+
+    def forward(self, x):
+        return self.plain(torch.relu(self.both(torch.relu(self.dilated(self.strided(x))))))
+
+
+@pytest.mark.parametrize("dims", [1, 2])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+def test_strided_and_dilated_transposed_convolutions_stay_in_pytorch(dims, dtype):
+    """TensorRT-RTX's builder refuses them on every target ("Strided & Dilated Deconv are
+    currently not supported"), which used to fail the whole region's build."""
+    model = Deconvs(dims).eval().to(dtype)
+    x = torch.randn(1, 2, *[6] * dims, dtype=dtype)
+    gm = lowered(model, x)
+    for targets in TARGET_SETS:
+        refused = {n: r for n, r in verdicts(gm, targets).items() if r is not None}
+        deconvs = [n for n in gm.graph.nodes if n.target == aten.convolution.default]
+        assert len(deconvs) == 4
+        (node,) = refused  # only the strided and dilated one, on every target
+        assert node is deconvs[2] and refused[node].rule == "strided-dilated-conv-transpose"
+        assert "strided and dilated" in refused[node].message
+        p = plan(gm, targets)
+        for name in p.regions:  # the others build, for every declared target
+            _engine.build(export_region(getattr(p.graph_module, name)).model, tuple(map(tuple, targets)), {})
+
+
+def test_the_onnx_screen_refuses_strided_and_dilated_deconvolutions():
+    gm = lowered(Deconvs().eval(), torch.randn(1, 2, 6, 6))
+    gm.graph.eliminate_dead_code()
+    model = onnx.load_from_string(export_region(copy.deepcopy(gm)).model)
+    refused = onnx_refusals(model, ((8, 6),))
+    kinds = {model.graph.node[i].op_type: r.rule for i, r in refused.items()}
+    assert kinds == {"ConvTranspose": "strided-dilated-conv-transpose"} and len(refused) == 1
+
+
+class FloatAttributes(nn.Module):
+    """GPT-2's pattern: a Python float attribute (an attention scale) in arithmetic."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.scale = 0.25
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x):
+        return torch.relu(self.lin(x) * math.sqrt(self.scale * 2.0))
+
+
+def test_float64_scalar_arithmetic_says_why_it_stays_in_pytorch():
+    """Under dynamic shapes the float arrives as a 0-d float64 tensor: its arithmetic stays in
+    PyTorch (exact), with a reason that says so and how to avoid it."""
+    model, x = FloatAttributes().eval(), torch.randn(3, 8)
+    options = {"target_compute_capabilities": [(8, 6)], "min_block_size": 1}
+    report = rtx_backend.explain(model, x, options=options, dynamic=True)
+    assert report.eager_nodes and len(report.regions) == 1
+    for node in report.eager_nodes:
+        assert node.rule == "fp64-scalar", node
+        assert "specialize_float" in node.message
+    with torch._dynamo.config.patch(specialize_float=True):
+        report = rtx_backend.explain(model, x, options=options, dynamic=True)
+    assert not report.eager_nodes and len(report.regions) == 1
+    facts = NodeFacts("other", frozenset({torch.float64}), frozenset({torch.float64}), None)
+    # a float64 tensor that is not a scalar: plain "fp64"
+    assert [r.name for r in RULES if r.matches(facts, (8, 6))] == ["fp64"]
 
 
 def test_bf16_anywhere_is_refused_on_turing_only():

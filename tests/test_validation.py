@@ -138,6 +138,70 @@ def test_fp16_rounding_noise_is_not_a_disagreement(monkeypatch):
     assert [r.kind for r in regions()] == ["onnxruntime"]
 
 
+class Cancellation(torch.nn.Module):
+    """In FP16, x + 1000 keeps steps of 0.5: PyTorch's FP16 result is off from FP32 by up to 25
+    (of an RMS of 100), an FP32-accurate runtime's by FP16 rounding of the output only. The two
+    FP16 results disagree beyond tolerance; the runtime is the better one."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return ((x + 1000) - 1000) * 100
+
+
+def fp32_accurate(x: torch.Tensor) -> torch.Tensor:
+    return (((x.float() + 1000) - 1000) * 100).half()
+
+
+def replace_ort(monkeypatch, fn):
+    monkeypatch.setattr(OrtExecutor, "__call__", lambda self, tensors: [fn(tensors[0])])
+
+
+X16 = torch.randn(64, 32, generator=torch.Generator().manual_seed(0)).half()
+
+
+def test_fp16_runtime_closer_to_fp32_than_pytorch_is_not_a_disagreement(monkeypatch, caplog):
+    replace_ort(monkeypatch, fp32_accurate)
+    model = Cancellation()
+    reference = model(X16)
+    assert not _validation.compare(fp32_accurate(X16), reference).passed  # the old verdict: a false alarm
+    with caplog.at_level(logging.INFO, logger="rtx_backend"):
+        (y,) = run(model, X16, **ORT)
+    assert "validation_failures" not in rtx_backend.stats()
+    assert [r.kind for r in regions()] == ["onnxruntime"]
+    assert torch.equal(y, fp32_accurate(X16))  # the runtime's result, kept
+    assert "against an FP32 run: ok" in caplog.text  # the second look is logged with its numbers
+
+
+@pytest.mark.parametrize(("how", "message"), [
+    (lambda x: fp32_accurate(x) * 1.3, "further from FP32"),
+    (lambda x: fp32_accurate(x).flip(0), "further from FP32"),  # a layout error
+    (lambda x: fp32_accurate(x) + torch.randn_like(x) * 60, "further from FP32"),  # 4x PyTorch's error
+    (lambda x: torch.where(x > 2, float("nan"), fp32_accurate(x)), "NaN or Inf"),
+    (lambda x: torch.where(x > 2, float("inf"), fp32_accurate(x)), "NaN or Inf"),
+    (torch.zeros_like, "all zeros"),
+], ids=["scaled", "flipped", "noisy", "nan", "inf", "zeros"])
+def test_fp16_wrong_results_are_still_caught(monkeypatch, caplog, how, message):
+    replace_ort(monkeypatch, how)
+    model = Cancellation()
+    with caplog.at_level(logging.ERROR, logger="rtx_backend"):
+        (y,) = run(model, X16, **ORT)
+    assert torch.equal(y, model(X16))  # PyTorch's result
+    assert [r.kind for r in regions()] == ["pytorch"]
+    assert rtx_backend.stats()["validation_failures"] == 1
+    assert message in caplog.text
+
+
+def test_fp32_run_upcasts_tensors_and_dtype_arguments():
+    class CastsBack(torch.nn.Module):
+        def forward(self, x):
+            return ((x.to(torch.float16) + 1000 - 1000) * torch.ones(1, dtype=torch.float16),)
+
+    gm = torch.fx.symbolic_trace(CastsBack())
+    x = torch.tensor([0.1234], dtype=torch.float16)
+    out = _validation.run_in_fp32(gm, (x,))[0]
+    assert out.dtype == torch.float32
+    assert abs(out.item() - x.float().item()) < 1e-4  # FP16 would round to 0.0 or 0.125
+
+
 def test_a_new_executor_is_checked_on_its_first_call(monkeypatch):
     """A region that gets a new engine (e.g. a widened profile) has it validated again."""
     model = eval_model(MLP())
