@@ -12,7 +12,7 @@ BatchNorm statistics on random data, and checks that the output depends on the i
 
 torchvision's registry wheel is built for CUDA torch and does not import next to the CPU torch,
 so torchvision and timm models are for the GPU machine; Hugging Face models run anywhere.
-Results (JSON, markdown, PNG) go to bench/results/<date>-zoo-<device>.*.
+Results (JSON, markdown, PNG) go to bench/results/<date>-<device>-<TensorRT-RTX version>-zoo.*.
 """
 
 from __future__ import annotations
@@ -386,6 +386,11 @@ def cpu_problems(row: dict[str, Any], fp32_fully_lowered: bool) -> list[str]:
     return problems
 
 
+def _short(version: str | None) -> str:
+    """A TensorRT-RTX version as result names carry it (major.minor.patch)."""
+    return ".".join((version or "0.0.0").split(".")[:3])
+
+
 def _file(stem: Path, extension: str) -> Path:
     """stem + extension (stems hold version numbers: with_suffix would cut them)."""
     return stem.with_name(stem.name + extension)
@@ -416,8 +421,9 @@ def cpu_main(args: argparse.Namespace) -> int:
                 print(f"{name:18} {row['dtype']:8} {label:7} {row.get('seconds', '-'):>6}s "
                       f"lowered {row.get('lowered_nodes', '-')}/{row.get('lowered_nodes', 0) + row.get('eager_nodes', 0)} "
                       f"regions {row.get('regions', '-')} {'; '.join(row['problems']) or 'ok'}", flush=True)
-    stem = Path(args.out) / f"{datetime.date.today().isoformat()}-zoo-cpu{args.tag}"
-    _file(stem, ".json").write_text(json.dumps({"env": _environment(), "rows": rows}, indent=1))
+    env = _environment()
+    stem = Path(args.out) / f"{env['date']}-cpu-{_short(env.get('tensorrt_rtx'))}-zoo{args.tag}"
+    _file(stem, ".json").write_text(json.dumps({"env": env, "rows": rows}, indent=1))
     lines = ["| model | dtype | targets | s | lowered | in PyTorch (rules) | regions | problems |", "|" + "---|" * 8]
     for r in rows:
         lines.append(f"| {r['model']} | {r['dtype']} | {r['targets']} | {r.get('seconds', '-')} | "
@@ -551,8 +557,7 @@ def gpu_main(args: argparse.Namespace) -> int:
     plan = gpu_plan([n for n in names if n not in skipped], [getattr(torch, d) for d in args.dtypes.split(",")],
                     args.batches)
     env = _environment()
-    version = env.get("tensorrt_rtx", "unknown")
-    stem = Path(args.out) / f"{env['date']}-zoo-{env.get('gpu', 'cpu').replace(' ', '-')}-{version}{args.tag}"
+    stem = Path(args.out) / f"{env['date']}-{env.get('gpu', 'cpu').replace(' ', '-')}-{_short(env.get('tensorrt_rtx'))}-zoo{args.tag}"
     results: dict[str, Any] = {"env": env, "backends": ["eager", "inductor", "inductor-ro", "torch_tensorrt",
                                                         "trtrtx", "trtrtx-cg"], "configs": []}
     if _file(stem, ".json").exists():
