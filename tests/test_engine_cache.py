@@ -43,8 +43,21 @@ def _entry(payload: bytes = b"engine" * 100) -> Entry:
     return Entry(region, payload, {"input_0": ((1, 4), (2, 4), (64, 4))})
 
 
+def _write_record(path: Path, key: Key, gpus: object) -> None:
+    """A validation record as the cache writes it (signed with this user's key), holding `gpus`."""
+    header = {"format": _engine_cache.FORMAT, "key": key.name, "fields": key.fields, "validated_on": gpus}
+    path.write_bytes(b"".join(_engine_cache.framed_header(_engine_cache.VALIDATED_MAGIC, header)))
+
+
+def _recorded(path: Path) -> object:
+    """The GPUs a validation record file lists."""
+    data = path.read_bytes()
+    return _engine_cache.read_header(data, _engine_cache.VALIDATED_MAGIC, None, _engine_cache.FORMAT)[0]["validated_on"]
+
+
 def _key(name: str = "k") -> Key:
-    return Key(name * 8, {"graph": name})
+    """A key named as the cache names them (a SHA-256 in hex: only such files are the cache's)."""
+    return Key((name.encode().hex() * 64)[:64], {"graph": name})
 
 
 # ---- the key -----------------------------------------------------------------------------------
@@ -217,7 +230,7 @@ def test_least_recently_used_entries_are_evicted(tmp_path):
         os.utime(cache.path(_key(name)), (age, age))
     assert cache.load(_key("a")) is not None  # a hit refreshes a: b is now the least recently used
     cache.store(_key("c"), big)
-    assert {p.name[:8] for p in tmp_path.glob("*.engine")} == {"a" * 8, "c" * 8}
+    assert {p.name for p in tmp_path.glob("*.engine")} == {cache.path(_key(n)).name for n in "ac"}
     assert rtx_backend.stats()["engine_cache_evictions"] == 1
 
 
@@ -448,7 +461,7 @@ def test_a_validated_cached_engine_is_not_checked_again_on_the_same_gpu(gpu_name
     compile_and_run(model, x, min_block_size=1, target_compute_capabilities=SM86)
     assert rtx_backend.stats()["validations"] == 1
     (record,) = Options().engine_cache_path.glob("*.validated")  # type: ignore[union-attr]
-    assert json.loads(record.read_text()) == ["GPU A sm86 driver 1"]
+    assert _recorded(record) == ["GPU A sm86 driver 1"]
     for gpu, checked in (("GPU A sm86 driver 1", False), ("GPU B sm89 driver 1", True),
                          ("GPU A sm86 driver 2", True), ("GPU B sm89 driver 1", False)):
         gpu_named["id"] = gpu
@@ -459,7 +472,7 @@ def test_a_validated_cached_engine_is_not_checked_again_on_the_same_gpu(gpu_name
         stats = rtx_backend.stats()
         assert stats["engine_cache_hits"] == 1
         assert (stats.get("validations", 0), stats.get("validations_skipped", 0)) == ((1, 0) if checked else (0, 1)), gpu
-    assert json.loads(record.read_text()) == ["GPU A sm86 driver 1", "GPU B sm89 driver 1", "GPU A sm86 driver 2"]
+    assert _recorded(record) == ["GPU A sm86 driver 1", "GPU B sm89 driver 1", "GPU A sm86 driver 2"]
 
 
 def test_a_failed_check_is_not_recorded_and_an_unreadable_record_means_check_again(gpu_named, monkeypatch):
@@ -481,14 +494,14 @@ def test_a_failed_check_is_not_recorded_and_an_unreadable_record_means_check_aga
     rtx_backend.reset_stats()
     compile_and_run(model, x, min_block_size=1, target_compute_capabilities=SM86)
     assert rtx_backend.stats()["validations"] == 1 and "validations_skipped" not in rtx_backend.stats()
-    assert json.loads(entry.with_suffix(".validated").read_text()) == [gpu_named["id"]]
+    assert _recorded(entry.with_suffix(".validated")) == [gpu_named["id"]]
 
 
 def test_eviction_removes_the_validation_record(tmp_path):
     cache = EngineCache(tmp_path, 1 << 30)
     old, new = _key("a"), _key("b")
     assert cache.store(old, _entry())
-    cache.validation_path(old).write_text("[]")
+    _write_record(cache.validation_path(old), old, [])
     cache.size_limit = len(b"".join(_engine_cache.encode(new, _entry()))) + 10
     assert cache.store(new, _entry())
     assert not cache.path(old).exists() and not cache.validation_path(old).exists()
@@ -563,11 +576,11 @@ def test_a_record_that_is_not_a_list_of_gpus_vouches_for_none(tmp_path, monkeypa
     cache = EngineCache(tmp_path, 1 << 30)
     key = _key("v")
     assert cache.store(key, _entry())
-    cache.validation_path(key).write_text(record)
+    _write_record(cache.validation_path(key), key, json.loads(record))  # signed, but not a list of GPUs
     assert not cache.validated_here(key)
     cache.mark_validated(key)
     assert cache.validated_here(key)
-    assert json.loads(cache.validation_path(key).read_text()) == ["GPU A sm86 driver 1"]
+    assert _recorded(cache.validation_path(key)) == ["GPU A sm86 driver 1"]
 
 
 class _TwoConstants(torch.nn.Module):
