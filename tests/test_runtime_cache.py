@@ -410,3 +410,68 @@ def test_gpu_two_processes_saving_one_runtime_cache_keep_both(tmp_path):
     assert out["conv"]["stats"]["runtime_cache_merges"] == 1
     assert out["conv"]["file"] > max(out["mlp"]["own"], out["conv"]["own"])
     assert out["conv"]["file"] >= 0.9 * (out["mlp"]["own"] + out["conv"]["own"])
+
+
+# ---- trust: only our own runtime cache is read or replaced -------------------------------------
+
+
+def test_a_file_that_is_not_our_runtime_cache_is_never_overwritten(tmp_path, caplog):
+    path = tmp_path / "notes.txt"  # runtime_cache_path naming a user's file by mistake
+    path.write_bytes(b"my notes, not a cache")
+    with caplog.at_level(logging.WARNING, "rtx_backend"):
+        _, entry = _attach(runtime_cache_path=str(path))
+    entry.cache.kernels = b"jit work"
+    assert rtx_backend.save_runtime_cache() == []
+    assert path.read_bytes() == b"my notes, not a cache"
+    assert "is not a runtime cache of rtx_backend" in caplog.text and "neither loaded nor overwritten" in caplog.text
+
+
+def test_a_file_that_appears_after_the_load_and_is_not_ours_is_not_overwritten(tmp_path, caplog):
+    path = tmp_path / "rc.bin"
+    _, entry = _attach(runtime_cache_path=str(path))
+    path.write_bytes(b"someone's file")
+    entry.cache.kernels = b"jit work"
+    assert not entry.save()
+    assert path.read_bytes() == b"someone's file"
+
+
+def test_kernels_saved_by_another_user_are_not_loaded(tmp_path, monkeypatch, caplog):
+    path = tmp_path / "rc.bin"
+    _, entry = _attach(runtime_cache_path=str(path))
+    entry.cache.kernels = b"their kernels"
+    assert entry.save()
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "another-user"))
+    _restart(monkeypatch)
+    with caplog.at_level(logging.WARNING, "rtx_backend"):
+        _, mine = _attach(runtime_cache_path=str(path))
+    assert mine.cache.kernels == b"" and "not signed with your cache key" in caplog.text
+    mine.cache.kernels = b"my kernels"
+    assert mine.save()  # a file of ours (our header) that we cannot vouch for: replaced
+    assert _runtime_cache.unwrap(path.read_bytes()).endswith(b"my kernels")
+
+
+def test_a_fifo_as_the_runtime_cache_is_a_warning_not_a_hang(tmp_path, caplog):
+    import threading
+
+    path = tmp_path / "rc.bin"
+    os.mkfifo(path)
+    done: list = []
+    thread = threading.Thread(target=lambda: done.append(_attach(runtime_cache_path=str(path))), daemon=True)
+    thread.start()
+    thread.join(60)
+    assert done, "loading the runtime cache blocked on a FIFO"
+    entry = done[0][1]
+    entry.cache.kernels = b"k"
+    assert not entry.save()  # and it is not replaced
+    assert path.is_fifo() and "a FIFO" in caplog.text
+
+
+def test_a_world_writable_runtime_cache_directory_keeps_the_cache_in_memory(tmp_path, caplog):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    with caplog.at_level(logging.WARNING, "rtx_backend"):
+        _, entry = _attach(runtime_cache_path=str(shared / "rc.bin"))
+    assert entry.path is None and "chmod go-w" in caplog.text
+    entry.cache.kernels = b"k"
+    assert rtx_backend.save_runtime_cache() == [] and list(shared.iterdir()) == []
