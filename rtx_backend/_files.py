@@ -52,7 +52,7 @@ def atomic_write(path: Path, chunks: Iterable[bytes], *, lock: Path | None = Non
         replace(path, chunks)
 
 
-def replace(path: Path, chunks: Iterable[bytes]) -> None:
+def replace(path: Path, chunks: Iterable[bytes | memoryview]) -> None:
     """Replace `path` by the concatenated chunks through a temp file and a rename; the caller
     holds the file's lock (atomic_write takes it), so its directory exists."""
     fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.{_host()}-{os.getpid()}.", suffix=TEMP_SUFFIX)
@@ -124,7 +124,7 @@ def read_head(path: Path, size: int) -> bytes:
 
 
 def _read_all(fd: int, size: int) -> bytes:
-    chunks = []
+    chunks: list[bytes] = []
     while True:
         chunk = os.read(fd, max(size, 1 << 16))
         if not chunk:

@@ -321,10 +321,11 @@ def scan_globals(payload: Any) -> list[str]:
     opcodes without running any of it (for `adopt-cache`)."""
     import pickletools
 
-    refused, strings = [], []
+    refused: list[str] = []
+    strings: list[str] = []
     for op, arg, _ in pickletools.genops(bytes(payload)):
         if op.name in ("SHORT_BINUNICODE", "BINUNICODE", "UNICODE", "BINUNICODE8"):
-            strings.append(arg)
+            strings.append(str(arg))
         elif op.name == "GLOBAL":
             module, name = str(arg).split(" ", 1)
             if not allowed_global(module, name):
