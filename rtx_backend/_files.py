@@ -166,8 +166,8 @@ def temps(directory: Path, ours: Callable[[str], bool]) -> list[tuple[Path, str,
 
 
 def stale(host: str, pid: int, mtime: float, older_than_s: float = STALE_TEMP_S) -> bool:
-    """Whether a temp's writer is gone: a process of this host that no longer runs (pid 0 of a
-    name that is not of this form), or any writer an hour later."""
+    """Whether a temp's writer is gone: a process of this host that no longer runs, or
+    any writer an hour later."""
     return (host == _host() and pid != os.getpid() and not _alive(pid)) or mtime < time.time() - older_than_s
 
 
