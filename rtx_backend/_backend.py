@@ -23,7 +23,7 @@ from ._engine import EngineData, Network, Profile, build, parse_network
 from ._engine_cache import EngineCache, Validation
 from ._engine_cache import Entry as CacheEntry
 from ._engine_cache import Key as CacheKey
-from ._errors import BuildError, RegionRefused, RtxBackendError, RuntimeUnavailableError
+from ._errors import BuildError, OptionsError, RegionRefused, RtxBackendError, RuntimeUnavailableError
 from ._executors import OrtExecutor, TorchExecutor, TrtExecutor
 from ._graph_cache import Entry as GraphEntry
 from ._graph_cache import GraphCache, RegionRef, graph_key, shape_state
@@ -61,6 +61,10 @@ def trtrtx(
             "under torch.no_grad() or torch.inference_mode() to run it on TensorRT-RTX."
         )
         return gm.forward
+    if any(isinstance(t, torch.Tensor) and t.is_meta for t in example_inputs):
+        # no data to run on: PyTorch gives meta outputs of the right shapes and dtypes, as eager does
+        log.info("trtrtx: this graph takes meta tensors; it runs in PyTorch (meta outputs, as in eager mode)")
+        return gm.forward
     try:
         with _engine_cache.digest_scope():  # weights are hashed once: for the graph key and the engine keys
             roots: list[torch.fx.GraphModule] = []
@@ -74,8 +78,9 @@ def trtrtx(
             _stats.count("backend_restarts")
         raise  # Dynamo's own control flow (restarts, graph breaks): not ours to judge
     except Exception as exc:
-        if opts.strict or (isinstance(exc, RuntimeUnavailableError) and opts.runtime == "tensorrt_rtx"):
-            raise
+        if opts.strict or isinstance(exc, OptionsError) or (
+                isinstance(exc, RuntimeUnavailableError) and opts.runtime == "tensorrt_rtx"):
+            raise  # an option that does not fit this graph is the user's to fix, not a fallback
         # Regions fall back one by one (compile_region); this is the net under the rest of the
         # pipeline (lowering, policy, partition): a working model must not become a crash.
         log.warning("trtrtx: this graph runs in PyTorch: compiling it failed (%s: %s)", type(exc).__name__, exc)

@@ -15,7 +15,10 @@ bytes. The ONNX model is its serialized bytes, or (for a freshly exported region
 skeleton followed by each large weight's raw bytes, as the header's weight table lists them: no
 ONNX serialization in the writer, and a hit hands the weights to the parser without a copy.
 A file that fails any check is a warning, a rebuild and an overwrite; a stale entry is
-never served (the stored key and input specs are compared with the wanted ones).
+never served (the stored key and input specs are compared with the wanted ones). Every file
+(entries, graph entries, validation records) carries an HMAC of its header under this user's
+cache key (_trust): a file that this user did not write is a miss, whatever its checksums say.
+Eviction and `clear-cache` delete only files whose names and first bytes are ours.
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ import filelock
 import numpy as np
 import torch
 
-from . import _files, _stats, _targets, _trt
+from . import _files, _stats, _targets, _trt, _trust
 from ._engine import EngineData, Profile
 from ._onnx_bridge import OnnxRegion, TensorSpec
 from ._onnx_model import OnnxModel, as_bytes
@@ -54,6 +57,10 @@ MAGIC = b"TRTRTX-ENGINE-CACHE\n"
 SUFFIX = ".engine"
 GRAPH_SUFFIX = ".graph"  # graph-cache entries (_graph_cache) share the directory and its size limit
 VALIDATED_SUFFIX = ".validated"  # beside an entry: the GPUs and drivers its engine was validated on
+GRAPH_MAGIC = b"TRTRTX-GRAPH-CACHE\n"  # _graph_cache's
+VALIDATED_MAGIC = b"TRTRTX-VALIDATED\n"
+MAGICS = {SUFFIX: MAGIC, GRAPH_SUFFIX: GRAPH_MAGIC, VALIDATED_SUFFIX: VALIDATED_MAGIC}
+_OUR_NAME = re.compile(r"[0-9a-f]{64}(?P<suffix>\.engine|\.graph|\.validated)")
 _DEVICE = re.compile(r"device\(type='\w+'(, index=\d+)?\)")
 
 
@@ -300,7 +307,9 @@ class EngineCache:
     @classmethod
     def for_options(cls, options: Options) -> EngineCache | None:
         directory = options.engine_cache_path
-        return None if directory is None else cls(directory, options.engine_cache_size_mb * 2**20)
+        if directory is None or not _trust.trusted_directory(directory, "engine cache"):
+            return None
+        return cls(directory, options.engine_cache_size_mb * 2**20)
 
     def key(self, gm: torch.fx.GraphModule, profile: Profile, options: Options) -> Key | None:
         """The key of the engine for region graph `gm` (before export edits it); None: not cacheable."""
@@ -319,7 +328,7 @@ class EngineCache:
         caller may fetch ahead (on another thread) and pass the result to `load` when it knows
         that it needs the entry."""
         flush(key)  # an entry this process is still writing is a hit, not a second build
-        data = _files.read_bytes(self.path(key))
+        data = _files.read_buffer(self.path(key))
         return decode(data, key) if data is not None else None
 
     def load(
@@ -383,9 +392,12 @@ class EngineCache:
         the record is missing or unreadable (then the engine is checked again)."""
         try:
             data = _files.read_bytes(self.validation_path(key))
-            loaded = json.loads(data) if data is not None else []
-        except (OSError, ValueError, TypeError) as exc:
-            log.debug("trtrtx: engine cache validation record of %s unreadable: %s", key.name, exc)
+            if data is None:
+                return []
+            loaded = read_header(data, VALIDATED_MAGIC, key, FORMAT)[0]["validated_on"]
+        except (OSError, CorruptEntry, KeyError, TypeError) as exc:
+            log.warning("trtrtx: the validation record of engine cache entry %s is not used (%s); its engine "
+                        "is checked again", key.name, exc)
             return []
         return [s for s in loaded if isinstance(s, str)] if isinstance(loaded, list) else []
 
@@ -404,21 +416,23 @@ class EngineCache:
         if here in seen:
             return
         try:  # two processes recording at once may keep one GPU of the two: it is checked again
-            _files.atomic_write(self.validation_path(key), [json.dumps([*seen, here]).encode()],
+            record = {"format": FORMAT, "key": key.name, "fields": key.fields, "validated_on": [*seen, here]}
+            _files.atomic_write(self.validation_path(key), framed_header(VALIDATED_MAGIC, record),
                                 lock=self.directory / ".lock")
-        except (OSError, filelock.Timeout) as exc:
+        except (OSError, filelock.Timeout, ValueError) as exc:
             log.debug("trtrtx: cannot record the validation of %s: %s", key.name, exc)
 
     def evict(self, keep: Path, lock: Path) -> None:
-        """Remove the least recently used entries until the directory fits the size limit."""
+        """Remove the least recently used entries until the directory fits the size limit. Only
+        entries of ours (names and magic); the temps of writers still at work count too."""
         with filelock.FileLock(str(lock), timeout=_files.LOCK_TIMEOUT_S):
-            _files.remove_stale_temps(self.directory)
+            in_temps = _files.remove_stale_temps(self.directory, ours=is_our_name)
             entries = []
-            for path in (*self.directory.glob(f"*{SUFFIX}"), *self.directory.glob(f"*{GRAPH_SUFFIX}")):
+            for path in our_files(self.directory, (SUFFIX, GRAPH_SUFFIX)):
                 with contextlib.suppress(OSError):
                     st = path.stat()
                     entries.append((st.st_mtime, st.st_size, path))
-            total = sum(size for _, size, _ in entries)
+            total = in_temps + sum(size for _, size, _ in entries)
             for _, size, path in sorted(entries, key=lambda e: e[0]):
                 if total <= self.size_limit:
                     break
@@ -427,10 +441,38 @@ class EngineCache:
                 with contextlib.suppress(OSError):
                     path.unlink()
                     total -= size
-                    with contextlib.suppress(OSError):
-                        path.with_suffix(VALIDATED_SUFFIX).unlink()
+                    record = path.with_suffix(VALIDATED_SUFFIX)
+                    if is_ours(record):
+                        with contextlib.suppress(OSError):
+                            record.unlink()
                     _stats.count("engine_cache_evictions")
                     log.info("trtrtx: engine cache full, evicted %s", path.name)
+
+
+def is_our_name(name: str) -> bool:
+    """Whether a file name is one that this cache writes: `<sha256>.engine|.graph|.validated`."""
+    return _OUR_NAME.fullmatch(name) is not None
+
+
+def is_ours(path: Path) -> bool:
+    """Whether `path` is a file of this cache: our name and our magic (a regular file: nothing
+    else is ever opened in a way that could block)."""
+    m = _OUR_NAME.fullmatch(path.name)
+    if m is None:
+        return False
+    magic = MAGICS[m["suffix"]]
+    return _files.read_head(path, len(magic)) == magic
+
+
+def our_files(directory: Path, suffixes: Sequence[str] = tuple(MAGICS)) -> list[Path]:
+    """The files of this cache in `directory` (see is_ours), of the given kinds."""
+    out = []
+    with contextlib.suppress(OSError):
+        for item in os.scandir(directory):
+            path = Path(item.path)
+            if path.suffix in suffixes and is_ours(path):
+                out.append(path)
+    return out
 
 
 # ---- the entry file ----------------------------------------------------------------------------
@@ -465,36 +507,67 @@ def encode(key: Key, entry: Entry) -> list[Any]:
     return [*framed_header(MAGIC, header), *chunks, engine]  # the region metadata and profile are served too
 
 
-def framed_header(magic: bytes, header: dict[str, Any]) -> list[bytes]:
+def framed_header(magic: bytes, header: dict[str, Any], secret: bytes | None = None) -> list[bytes]:
     """A cache file's first chunks: magic, the header's length (8 bytes, little endian), the JSON
-    header with its own SHA-256 (it is served as well as the payload)."""
-    header["header_sha256"] = _header_digest(header)
+    header with its own SHA-256 (it is served as well as the payload) and this user's HMAC of that
+    SHA-256 (`secret`: default this user's cache key). Raises ValueError without a usable key."""
+    header.pop("header_sha256", None)
+    header.pop("mac", None)
+    secret = secret if secret is not None else _trust.secret()
+    if secret is None:
+        raise ValueError("there is no usable cache key to sign the file with")
+    digest = _header_digest(header)
+    header["header_sha256"] = digest
+    header["mac"] = _trust.sign(digest, secret)
     head = json.dumps(header, sort_keys=True).encode()
     return [magic, len(head).to_bytes(8, "little"), head]
 
 
-def read_header(data: bytes, magic: bytes, key: Key, file_format: int) -> tuple[dict[str, Any], int]:
-    """The checked header of a cache file written for `key`, and where its payload starts."""
+NOT_SIGNED = (f"not signed with your cache key (written by another user or on another machine, or altered); "
+              f"it is not used. To use a cache copied from elsewhere, run `{_trust.ADOPT_HINT} DIR`")
+
+
+def parse_header(data: Any, magic: bytes, secret: bytes | None) -> tuple[dict[str, Any], int, bool]:
+    """A cache file's header (checked against its SHA-256), where its payload starts, and whether
+    it is signed with `secret`. Raises CorruptEntry."""
     start = len(magic) + 8
-    if len(data) < start or not data.startswith(magic):
+    if len(data) < start or data[:len(magic)] != magic:
         raise CorruptEntry("not a cache entry of this kind (truncated or foreign)")
     head_len = int.from_bytes(data[len(magic):start], "little")
     if start + head_len > len(data):
         raise CorruptEntry("truncated header")
     try:
         header = json.loads(data[start:start + head_len])
-        if header.pop("header_sha256", None) != _header_digest(header):
+        mac = header.pop("mac", None)
+        digest = header.pop("header_sha256", None)
+        if digest != _header_digest(header):
             raise CorruptEntry("header checksum mismatch")
-        if header["format"] != file_format or header["key"] != key.name or header["fields"] != key.fields:
-            raise CorruptEntry("written for another key or format")
     except CorruptEntry:
         raise
     except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:  # JSONDecodeError is a ValueError
         raise CorruptEntry(f"unreadable header ({type(exc).__name__}: {exc})") from exc
-    return header, start + head_len
+    return header, start + head_len, secret is not None and _trust.verify(digest, mac, secret)
 
 
-def decode(data: bytes, key: Key) -> Entry:
+def read_header(data: Any, magic: bytes, key: Key | None, file_format: int) -> tuple[dict[str, Any], int]:
+    """The checked header of a cache file written by this user for `key` (None: a file of no
+    key, such as a runtime cache), and where its payload starts. Nothing in the header is
+    trusted before its HMAC is checked."""
+    header, at, signed = parse_header(data, magic, _trust.secret())
+    if not signed:
+        raise CorruptEntry(NOT_SIGNED)
+    try:
+        if header["format"] != file_format or (key is not None and (header["key"] != key.name
+                                                                    or header["fields"] != key.fields)):
+            raise CorruptEntry("written for another key or format")
+    except CorruptEntry:
+        raise
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
+        raise CorruptEntry(f"unreadable header ({type(exc).__name__}: {exc})") from exc
+    return header, at
+
+
+def decode(data: Any, key: Key) -> Entry:
     """The entry in `data`; raises CorruptEntry naming the first check that failed."""
     header, onnx_at = read_header(data, MAGIC, key, FORMAT)
     try:
@@ -528,7 +601,7 @@ def sha256s(buffers: Sequence[memoryview]) -> list[str]:
         return [hashlib.sha256(buffers[0]).hexdigest(), *(f.result() for f in rest)]
 
 
-def _onnx_source(data: bytes, start: int, end: int, meta: dict[str, Any]) -> bytes | OnnxModel:
+def _onnx_source(data: Any, start: int, end: int, meta: dict[str, Any]) -> bytes | OnnxModel:
     """The stored ONNX model: its bytes, or its skeleton and weights (views into `data`, no copy)."""
     if "weights" not in meta:
         return data[start:end]

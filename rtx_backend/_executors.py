@@ -69,6 +69,11 @@ class OrtExecutor:
 
         opts = ort.SessionOptions()
         opts.log_severity_level = 3
+        # No pre-packed copies of the weights: each session's packed MatMul weights, freed with it,
+        # stayed in malloc's heap (its mmap threshold rises to the largest block freed), so a
+        # process that compiled again and again grew by about the weights' size each time
+        # (bench/graph_cache_memory.py); the fallback runtime is not the fast path.
+        opts.add_session_config_entry("session.disable_prepacking", "1")
         self.session = ort.InferenceSession(region.model, opts, providers=["CPUExecutionProvider"])
         self.region = region
         self.lock = threading.Lock()

@@ -21,6 +21,11 @@ passed and to runtime modules made from the engine-cache entries, which it begin
 reader threads) as soon as the header has named them, while it checks and unpickles the
 payload. A file that fails a check, a missing engine, anything a hit cannot rebuild: a warning
 (a debug message for a missing engine) and the full compile, which writes the entry again.
+
+A pickle can run code when it is loaded, so nothing is unpickled before the header's HMAC (this
+user's cache key, see _trust) and the payload's SHA-256 that it vouches for are checked; and the
+unpickler then takes only the classes and functions that a compiled graph is made of (torch, FX,
+this package, a few builtins): a file that names anything else is refused, not loaded.
 """
 
 from __future__ import annotations
@@ -39,7 +44,7 @@ from typing import Any
 
 import torch
 
-from . import _engine_cache, _files, _stats, _targets, _trt
+from . import _engine_cache, _files, _stats, _targets, _trt, _trust
 from ._engine_cache import CorruptEntry, Key
 from ._lowering import is_weight
 from ._options import Options
@@ -48,7 +53,7 @@ from ._runtime import RegionModule
 log = logging.getLogger("rtx_backend")
 
 FORMAT = 1
-MAGIC = b"TRTRTX-GRAPH-CACHE\n"
+MAGIC = _engine_cache.GRAPH_MAGIC
 SUFFIX = _engine_cache.GRAPH_SUFFIX
 
 
@@ -238,7 +243,7 @@ def encode(key: Key, entry: Entry, weights: dict[int, torch.Tensor]) -> list[byt
 
 
 def decode(
-    data: bytes, key: Key, example_inputs: Sequence[Any], on_header: Callable[[list[RegionRef]], None] | None = None
+    data: Any, key: Key, example_inputs: Sequence[Any], on_header: Callable[[list[RegionRef]], None] | None = None
 ) -> Entry:
     """The entry in `data`, its weights bound to `example_inputs`; raises CorruptEntry.
     `on_header` is given the regions named by the checked header, before the payload is checked
@@ -294,10 +299,54 @@ class _Pickler(pickle.Pickler):
         return None
 
 
+def allowed_global(module: str, name: str) -> bool:
+    """Whether a graph entry may name this class or function (defence in depth behind the HMAC:
+    a compiled graph is made of torch, FX and this package's objects, and plain containers)."""
+    root = module.split(".")[0]
+    if root in _ALLOWED_ROOTS:
+        return True
+    return (module, name) in _ALLOWED_NAMES
+
+
+_ALLOWED_ROOTS = frozenset({"torch", "rtx_backend", "sympy"})
+_ALLOWED_NAMES = frozenset({
+    ("builtins", n) for n in ("set", "frozenset", "slice", "range", "complex", "getattr", "dict", "list", "tuple",
+                              "int", "float", "bool", "str", "bytes", "bytearray", "object", "Ellipsis", "NotImplemented")
+} | {("collections", "OrderedDict"), ("collections", "defaultdict"), ("copyreg", "_reconstructor"),
+     ("copyreg", "__newobj__"), ("_operator", "getitem"), ("operator", "getitem"), ("numpy", "dtype")})
+
+
+def scan_globals(payload: Any) -> list[str]:
+    """The classes and functions that a pickle names and `allowed_global` refuses, read from its
+    opcodes without running any of it (for `adopt-cache`)."""
+    import pickletools
+
+    refused: list[str] = []
+    strings: list[str] = []
+    for op, arg, _ in pickletools.genops(bytes(payload)):
+        if op.name in ("SHORT_BINUNICODE", "BINUNICODE", "UNICODE", "BINUNICODE8"):
+            strings.append(str(arg))
+        elif op.name == "GLOBAL":
+            module, name = str(arg).split(" ", 1)
+            if not allowed_global(module, name):
+                refused.append(f"{module}.{name}")
+        elif op.name == "STACK_GLOBAL":
+            if len(strings) < 2:
+                refused.append("a global it builds at load time")
+            elif not allowed_global(strings[-2], strings[-1]):
+                refused.append(f"{strings[-2]}.{strings[-1]}")
+    return refused
+
+
 class _Unpickler(pickle.Unpickler):
     def __init__(self, file: io.BytesIO, example_inputs: Sequence[Any]) -> None:
         super().__init__(file)
         self.example_inputs = example_inputs
+
+    def find_class(self, module: str, name: str) -> Any:
+        if not allowed_global(module, name):
+            raise pickle.UnpicklingError(f"it names {module}.{name}, which no compiled graph holds")
+        return super().find_class(module, name)
 
     def persistent_load(self, pid: Any) -> Any:
         kind, value = pid
@@ -324,7 +373,9 @@ class GraphCache:
         directory = options.engine_cache_path
         if directory is None or options.dump_onnx_dir or options.runtime == "onnxruntime":
             return None
-        return cls(directory) if _targets.can_build(options) else None
+        if not _targets.can_build(options) or not _trust.trusted_directory(directory, "engine cache"):
+            return None
+        return cls(directory)
 
     def load(
         self, key: Key, example_inputs: Sequence[Any], on_header: Callable[[list[RegionRef]], None] | None = None
@@ -334,7 +385,7 @@ class GraphCache:
         path = path_of(self.directory, key)
         _engine_cache.flush()  # this process may still be writing it
         try:
-            data = _files.read_bytes(path)
+            data = _files.read_buffer(path)
             entry = decode(data, key, example_inputs, on_header) if data is not None else None
         except (OSError, CorruptEntry) as exc:
             log.warning("trtrtx: graph cache entry %s is unusable (%s); compiling the graph again", path, exc)

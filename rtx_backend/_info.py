@@ -1,4 +1,5 @@
-"""`python -m rtx_backend info` and `clear-cache`: what is installed, what this machine can do.
+"""`python -m rtx_backend info`, `clear-cache` and `adopt-cache`: what is installed, what this
+machine can do, and the caches.
 
 The first thing to ask when something goes wrong: which TensorRT-RTX, torch and ONNX versions
 are installed, whether the installed TensorRT-RTX can run engines on this GPU (tried, with a
@@ -19,8 +20,7 @@ from . import _targets, _trt
 from ._options import Options, default_cache_root
 
 PACKAGES = ("torch", "tensorrt-rtx", "onnx", "onnxruntime", "onnxscript")
-ENGINE_FILES = "*.engine"  # _engine_cache.SUFFIX
-RUNTIME_FILES = "tensorrt_rtx-*.bin"  # _runtime_cache.default_file_name()
+RUNTIME_FILES = "tensorrt_rtx-*.cache"  # _runtime_cache.default_file_name()
 
 
 def collect(engine_dir: Path | None = None, runtime_dir: Path | None = None, *, probe: bool = True) -> dict[str, Any]:
@@ -100,14 +100,15 @@ def cache_dirs(engine_dir: Path | None = None, runtime_dir: Path | None = None) 
 def cache_info(engine_dir: Path | None = None, runtime_dir: Path | None = None) -> dict[str, Any]:
     dirs = cache_dirs(engine_dir, runtime_dir)
     out: dict[str, Any] = {"root": str(default_cache_root())}
-    for kind, pattern in (("engines", ENGINE_FILES), ("runtime", RUNTIME_FILES)):
-        files = _files(dirs[kind], pattern)
+    for kind in ("engines", "runtime"):
+        files = _files(kind, dirs[kind])
         out[kind] = {"path": str(dirs[kind]), "files": len(files), "bytes": sum(size for _, size in files)}
     return out
 
 
 def clear_caches(engine_dir: Path | None = None, runtime_dir: Path | None = None) -> dict[str, dict[str, Any]]:
-    """Delete cached engines and runtime caches; only files of ours, never lock files.
+    """Delete cached engines, graphs, validation records and runtime caches: only files whose names
+    and first bytes are ours (never a user's file that happens to sit there), never lock files.
 
     The engine cache's own lock is held, as its eviction does, so no writer is mid-way.
     """
@@ -117,13 +118,13 @@ def clear_caches(engine_dir: Path | None = None, runtime_dir: Path | None = None
 
     dirs = cache_dirs(engine_dir, runtime_dir)
     out: dict[str, dict[str, Any]] = {}
-    for kind, pattern in (("engines", ENGINE_FILES), ("runtime", RUNTIME_FILES)):
+    for kind in ("engines", "runtime"):
         directory = dirs[kind]
         removed = freed = 0
         lock = (filelock.FileLock(str(directory / ".lock"), timeout=LOCK_TIMEOUT_S)
                 if kind == "engines" and directory.is_dir() else contextlib.nullcontext())
         with lock:
-            for path, size in _files(directory, pattern):
+            for path, size in _files(kind, directory):
                 with contextlib.suppress(FileNotFoundError):
                     path.unlink()
                     removed, freed = removed + 1, freed + size
@@ -131,13 +132,21 @@ def clear_caches(engine_dir: Path | None = None, runtime_dir: Path | None = None
     return out
 
 
-def _files(directory: Path, pattern: str) -> list[tuple[Path, int]]:
+def _files(kind: str, directory: Path) -> list[tuple[Path, int]]:
+    """The cache files of ours in `directory` (engine cache or runtime cache) and their sizes."""
+    from . import _engine_cache, _files
+    from ._runtime_cache import MAGIC
+
+    paths: list[Path] = []
+    if kind == "engines":
+        paths = _engine_cache.our_files(directory)
+    else:
+        with contextlib.suppress(OSError):
+            paths = [p for p in directory.glob(RUNTIME_FILES) if _files.read_head(p, len(MAGIC)) == MAGIC]
     out = []
-    with contextlib.suppress(OSError):
-        for path in directory.glob(pattern):
-            with contextlib.suppress(OSError):
-                if path.is_file():
-                    out.append((path, path.stat().st_size))
+    for path in paths:
+        with contextlib.suppress(OSError):
+            out.append((path, path.lstat().st_size))
     return out
 
 
@@ -196,7 +205,7 @@ def _size(n: int) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The command line: `python -m rtx_backend {info,clear-cache}`."""
+    """The command line: `python -m rtx_backend {info,clear-cache,adopt-cache}`."""
     import argparse
     import json
 
@@ -206,6 +215,9 @@ def main(argv: list[str] | None = None) -> int:
     info_p.add_argument("--json", action="store_true", help="print JSON instead of text")
     info_p.add_argument("--no-probe", action="store_true", help="do not build a test engine on the GPU")
     clear_p = sub.add_parser("clear-cache", help="delete cached engines and TensorRT-RTX runtime caches")
+    adopt_p = sub.add_parser("adopt-cache", help="check and re-sign an engine cache directory copied from elsewhere, "
+                             "so that this user's compiles use it (see docs/cache-security.md)")
+    adopt_p.add_argument("directory", type=Path, help="the engine cache directory to adopt")
     for p in (info_p, clear_p):
         p.add_argument("--engine-cache-dir", type=Path, help="the engine_cache_dir option, if you set one")
         p.add_argument("--runtime-cache-dir", type=Path, help="the directory of runtime_cache_path, if you set one")
@@ -213,6 +225,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "info":
         info = collect(args.engine_cache_dir, args.runtime_cache_dir, probe=not args.no_probe)
         print(json.dumps(info, indent=2) if args.json else render(info))
+    elif args.command == "adopt-cache":
+        from ._adopt import adopt_cache, render_adopted
+
+        report = adopt_cache(args.directory)
+        print(render_adopted(report))
+        sys.stdout.flush()
+        return 0 if report.ok else 1
     else:
         print(render_cleared(clear_caches(args.engine_cache_dir, args.runtime_cache_dir)))
     sys.stdout.flush()

@@ -6,9 +6,11 @@ Every field is validated here, once; the rest of the pipeline receives an `Optio
 from __future__ import annotations
 
 import dataclasses
-import numbers
+import operator
 import os
 import re
+import threading
+from collections import OrderedDict
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -108,7 +110,16 @@ class Options:
             raise OptionsError(
                 f"unknown option(s) {', '.join(hints)}; valid options are: {', '.join(valid)}"
             )
-        return cls(**options)
+        with _BUILT_LOCK:
+            built = _BUILT.get(id(options))
+            if built is not None and built[0] is options and _unchanged(built[1], options):
+                return built[2]
+        made = cls(**options)
+        with _BUILT_LOCK:  # the dict is kept, so its id is not reused by another while it is here
+            _BUILT[id(options)] = (options, tuple(options.items()), made)
+            while len(_BUILT) > 64:
+                _BUILT.popitem(last=False)
+        return made
 
     def cache_key_fields(self) -> dict[str, Any]:
         """The options that change a built engine (part of the engine-cache key)."""
@@ -157,6 +168,18 @@ def options_for_mode(mode: Any, options: Mapping[str, Any] | Options | None = No
     return dataclasses.replace(base, **{k: v for k, v in implied.items() if k not in given})
 
 
+# torch.compile hands the backend the same `options` dict on every compile: the Options built from
+# it are reused while it holds the same values (identity), so an iterator or generator given as a
+# value is read once, not found empty by the second compile.
+_BUILT: OrderedDict[int, tuple[Mapping[str, Any], tuple[tuple[str, Any], ...], Options]] = OrderedDict()
+_BUILT_LOCK = threading.Lock()
+_MISSING = object()
+
+
+def _unchanged(items: tuple[tuple[str, Any], ...], options: Mapping[str, Any]) -> bool:
+    return len(items) == len(options) and all(options.get(k, _MISSING) is v for k, v in items)
+
+
 def _choice(choices: tuple[str, ...]) -> Any:
     def check(key: str, value: Any) -> str:
         if not isinstance(value, str) or value.lower() not in choices:
@@ -166,17 +189,24 @@ def _choice(choices: tuple[str, ...]) -> Any:
     return check
 
 
-def _is_int(value: Any) -> bool:
-    """Python and NumPy integers; not bools (True is an int, but never a size)."""
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+def as_int(value: Any) -> int | None:
+    """The int of an integer-like value (Python and NumPy integers, anything with __index__);
+    None for anything else, and for bools (True is an int, but never a size)."""
+    if isinstance(value, bool):
+        return None
+    try:
+        return operator.index(value)
+    except TypeError:
+        return None
 
 
 def _int_at_least(low: int, high: int | None = None) -> Any:
     def check(key: str, value: Any) -> int:
-        if not _is_int(value) or value < low or (high is not None and value > high):
+        number = as_int(value)
+        if number is None or number < low or (high is not None and number > high):
             bound = f">= {low}" if high is None else f"in [{low}, {high}]"
             raise OptionsError(f"{key}={value!r} is not valid; it must be an integer {bound}")
-        return int(value)
+        return number
 
     return check
 
@@ -207,16 +237,13 @@ def _targets(key: str, value: Any) -> tuple[Target, ...] | None:
     for item in value:
         if isinstance(item, str) and re.fullmatch(r"\d+\.\d+", item.strip(), re.ASCII):
             item = tuple(int(p) for p in item.strip().split("."))
-        if (
-            not isinstance(item, (tuple, list))
-            or len(item) != 2
-            or not all(_is_int(p) and p >= 0 for p in item)
-        ):
+        parts = [as_int(p) for p in item] if isinstance(item, (tuple, list)) else []
+        if len(parts) != 2 or not all(p is not None and p >= 0 for p in parts):
             raise OptionsError(
                 f"{key}: {item!r} in {value!r} is not a compute capability; give (major, minor) "
                 "or a list of them, e.g. (8, 6) or [(7, 5), (8, 6)]"
             )
-        target = (int(item[0]), int(item[1]))
+        target = (int(parts[0]), int(parts[1]))  # type: ignore[arg-type]
         if target not in out:
             out.append(target)
     if not out:
@@ -231,7 +258,7 @@ def _is_pair(value: Any) -> bool:
     """(8, 6), [8, 6] or "8.6": one compute capability rather than a list of them."""
     if isinstance(value, str):
         return re.fullmatch(r"\d+\.\d+", value.strip(), re.ASCII) is not None
-    return isinstance(value, (tuple, list)) and len(value) == 2 and all(_is_int(p) for p in value)
+    return isinstance(value, (tuple, list)) and len(value) == 2 and all(as_int(p) is not None for p in value)
 
 
 def _op_names(key: str, value: Any) -> frozenset[str]:
@@ -282,21 +309,25 @@ def _dynamic_shapes(key: str, value: Any) -> Mapping[int | str, Mapping[int, tup
     out: dict[int | str, dict[int, tuple[int, int, int]]] = {}
     for index, dims in value.items():
         named = isinstance(index, str) and index.isidentifier()
-        numbered = isinstance(index, int) and not isinstance(index, bool) and index >= 0
-        if not (named or numbered) or not isinstance(dims, Mapping):
+        number = None if isinstance(index, str) else as_int(index)
+        if not (named or (number is not None and number >= 0)) or not isinstance(dims, Mapping):
             raise OptionsError(hint)
-        out[index] = {}
+        name: int | str = index if named else number  # type: ignore[assignment]
+        out[name] = {}
         for dim, rng in dims.items():
+            axis = as_int(dim)
+            bounds = [as_int(v) for v in rng] if isinstance(rng, (tuple, list)) else []
             ok = (
-                _is_int(dim)
-                and isinstance(rng, (tuple, list))
-                and len(rng) == 3
-                and all(_is_int(v) for v in rng)
-                and 0 <= rng[0] <= rng[1] <= rng[2] <= MAX_DIM
+                axis is not None
+                and len(bounds) == 3
+                and all(v is not None for v in bounds)
+                and 0 <= bounds[0] <= bounds[1] <= bounds[2] <= MAX_DIM  # type: ignore[operator]
+                and bounds[2] >= 1  # type: ignore[operator]
             )
             if not ok:
-                raise OptionsError(f"{hint}; got {dim!r}: {rng!r} (need 0 <= min <= opt <= max <= {MAX_DIM})")
-            out[index][dim] = (rng[0], rng[1], rng[2])
+                raise OptionsError(f"{hint}; got {dim!r}: {rng!r} (need 0 <= min <= opt <= max <= {MAX_DIM}, "
+                                   "max >= 1)")
+            out[name][axis] = (bounds[0], bounds[1], bounds[2])  # type: ignore[index,assignment]
     return out
 
 

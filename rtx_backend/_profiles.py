@@ -19,7 +19,7 @@ from typing import Any
 
 from . import _stats
 from ._engine import EngineData, Profile
-from ._errors import RtxBackendError
+from ._errors import OptionsError, RtxBackendError
 from ._onnx_bridge import TensorSpec
 from ._options import Options
 
@@ -66,7 +66,12 @@ def symbol_overrides(gm: Any, options: Options) -> SymbolRanges:
             continue
         val = matches[0]
         for dim, rng in dims.items():
-            size = val.shape[dim] if -val.dim() <= dim < val.dim() else None
+            if not -val.dim() <= dim < val.dim():
+                raise OptionsError(
+                    f"dynamic_shapes[{key!r}] names dim {dim}, but input {key!r} has {val.dim()} dim(s) "
+                    f"(shape {tuple(val.shape)}); name dims 0 to {val.dim() - 1}"
+                )
+            size = val.shape[dim]
             if isinstance(size, torch.SymInt) and not size.node.expr.is_number:
                 out[str(size.node.expr).replace(" ", "")] = rng
             else:

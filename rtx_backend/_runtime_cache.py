@@ -10,6 +10,11 @@ The default file name carries the TensorRT-RTX version and the GPU, so a cache f
 version or GPU is never even tried. A file that TensorRT-RTX still rejects (driver update,
 corruption), an unreadable file or an unwritable directory is a warning: the cache starts
 empty or stays in memory, and inference never fails because of it.
+
+The file is TensorRT-RTX's bytes behind a header of ours (magic, size, SHA-256 and this user's
+HMAC, as engine-cache files have: see _trust), so kernels that this user did not save are never
+loaded, and a file that is not a runtime cache of ours (a user's file named by mistake, a FIFO)
+is never overwritten: the cache then stays in memory, with a warning.
 """
 
 from __future__ import annotations
@@ -27,7 +32,8 @@ from typing import Any
 
 import filelock
 
-from . import _files, _stats, _trt
+from . import _files, _stats, _trt, _trust
+from ._engine_cache import CorruptEntry, framed_header, read_header
 from ._options import Options
 
 log = logging.getLogger("rtx_backend")
@@ -36,6 +42,33 @@ _LOCK = threading.Lock()
 _CACHES: dict[str, RuntimeCache] = {}  # file path, or "memory:<gpu>" -> the process's cache
 _WARNED: set[str] = set()
 _ATEXIT_REGISTERED = False
+MAGIC = b"TRTRTX-RUNTIME-CACHE\n"
+FORMAT = 1
+SUFFIX = ".cache"
+
+
+class Foreign(Exception):
+    """A file that is not a runtime cache of ours: never read into TensorRT-RTX, never replaced."""
+
+
+def wrap(blob: bytes) -> list[bytes]:
+    """The file's chunks: our signed header, then TensorRT-RTX's serialized cache."""
+    import hashlib as _hashlib
+
+    header = {"format": FORMAT, "size": len(blob), "sha256": _hashlib.sha256(blob).hexdigest()}
+    return [*framed_header(MAGIC, header), blob]
+
+
+def unwrap(data: bytes) -> bytes:
+    """TensorRT-RTX's bytes in a file of ours; raises Foreign (not ours) or CorruptEntry
+    (damaged, or not signed by this user)."""
+    if not data.startswith(MAGIC):
+        raise Foreign("it is not a runtime cache written by rtx_backend")
+    header, at = read_header(data, MAGIC, None, FORMAT)
+    blob = data[at:]
+    if len(blob) != header.get("size") or hashlib.sha256(blob).hexdigest() != header.get("sha256"):
+        raise CorruptEntry("its content is truncated or damaged")
+    return blob
 
 
 class RuntimeCache:
@@ -64,7 +97,19 @@ class RuntimeCache:
             log.debug("trtrtx: no runtime cache at %s yet", self.path)
             return
         try:
-            ok = bool(data) and self.cache.deserialize(data) is not False
+            blob = unwrap(data)
+        except Foreign as exc:
+            self.unread = str(exc)
+            _warn(f"trtrtx: runtime_cache_path {self.path} is not a runtime cache of rtx_backend ({exc}); it is "
+                  "neither loaded nor overwritten, and the cache stays in memory. Point runtime_cache_path at "
+                  "another file or a directory")
+            return
+        except CorruptEntry as exc:
+            _warn(f"trtrtx: the runtime cache {self.path} is not loaded: {exc}; starting with an empty cache "
+                  "(the file is replaced at the next save)")
+            return
+        try:
+            ok = bool(blob) and self.cache.deserialize(blob) is not False
         except Exception as exc:  # a binding that raises instead of returning False
             log.debug("trtrtx: runtime cache deserialize raised %s", exc)
             ok = False
@@ -75,7 +120,7 @@ class RuntimeCache:
             )
             self.cache = fresh()  # a failed deserialize may leave partial state behind
             return
-        self.saved_digest = hashlib.sha256(data).digest()
+        self.saved_digest = hashlib.sha256(blob).digest()
         _stats.count("runtime_cache_loads")
         log.info("trtrtx: loaded the runtime cache %s (%d bytes)", self.path, len(data))
 
@@ -89,7 +134,7 @@ class RuntimeCache:
                   "so it is not overwritten; the cache stays in memory")
             return False
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            _trust.make_directories(self.path.parent)
             # the file's lock, held from reading it to replacing it: no other save falls in between
             with self.lock, filelock.FileLock(str(_files.lock_path(self.path)), timeout=_files.LOCK_TIMEOUT_S):
                 data, on_disk = self._merged()
@@ -97,7 +142,7 @@ class RuntimeCache:
                     return False
                 digest = hashlib.sha256(data).digest()
                 if digest != on_disk:
-                    _files.replace(self.path, [data])
+                    _files.replace(self.path, wrap(data))
         except Exception as exc:  # OSError, filelock.Timeout, a TensorRT-RTX error: never fatal
             _warn(f"trtrtx: could not save the runtime cache to {self.path} ({exc}); it stays in memory")
             return False
@@ -112,8 +157,17 @@ class RuntimeCache:
         since this one last read or wrote it (TensorRT-RTX's deserialize adds to a cache:
         `bench/probes/runtime_cache_merge.py`); and the SHA-256 of the file as it is."""
         assert self.path is not None
-        current = _files.read_bytes(self.path)
-        on_disk = hashlib.sha256(current).digest() if current else None
+        data = _files.read_bytes(self.path)
+        current = None
+        if data is not None:
+            try:
+                current = unwrap(data)
+            except Foreign as exc:  # appeared since the load: not ours to replace
+                self.unread = str(exc)
+                raise OSError(f"{self.path} is not a runtime cache of rtx_backend ({exc}); it is not overwritten") from exc
+            except CorruptEntry as exc:
+                log.debug("trtrtx: the runtime cache file %s is not used (%s); replacing it", self.path, exc)
+        on_disk = hashlib.sha256(current).digest() if current else (b"" if data is not None else None)
         if current and on_disk != self.saved_digest:
             try:
                 merged = self.cache.deserialize(current) is not False
@@ -137,6 +191,8 @@ def attach(config: Any, options: Options) -> RuntimeCache | None:
     """
     try:
         path = resolve_path(options.runtime_cache_path)
+        if path is not None and not _trust.trusted_directory(path.parent, "runtime cache directory"):
+            path = None  # memory only
         key = str(path) if path is not None else f"memory:{gpu_identity()}"
         with _LOCK:
             entry = _CACHES.get(key)
@@ -185,7 +241,7 @@ def resolve_path(option: str | None) -> Path | None:
 def default_file_name() -> str:
     name, (major, minor) = gpu_identity_parts()
     slug = re.sub(r"[^A-Za-z0-9.]+", "_", name).strip("_") or "gpu"
-    return f"tensorrt_rtx-{_trt.version()}-{slug}-sm{major}{minor}.bin"
+    return f"tensorrt_rtx-{_trt.version()}-{slug}-sm{major}{minor}{SUFFIX}"
 
 
 def gpu_identity_parts() -> tuple[str, tuple[int, int]]:

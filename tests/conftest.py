@@ -30,6 +30,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def _fresh(tmp_path, monkeypatch):
     """Each test gets empty caches and a reset Dynamo, so counts and results are its own."""
     monkeypatch.setenv("RTX_BACKEND_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))  # this test's own cache key
     torch._dynamo.reset()
     rtx_backend.reset_stats()
     yield

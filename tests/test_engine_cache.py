@@ -9,13 +9,14 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
 
 import pytest
 import torch
 
 import rtx_backend
-from rtx_backend import _backend, _engine_cache, _stats, _trt
+from rtx_backend import _backend, _engine_cache, _files, _stats, _trt
 from rtx_backend._engine_cache import EngineCache, Entry, Key
 from rtx_backend._onnx_bridge import OnnxRegion, TensorSpec
 from rtx_backend._options import Options
@@ -43,8 +44,21 @@ def _entry(payload: bytes = b"engine" * 100) -> Entry:
     return Entry(region, payload, {"input_0": ((1, 4), (2, 4), (64, 4))})
 
 
+def _write_record(path: Path, key: Key, gpus: object) -> None:
+    """A validation record as the cache writes it (signed with this user's key), holding `gpus`."""
+    header = {"format": _engine_cache.FORMAT, "key": key.name, "fields": key.fields, "validated_on": gpus}
+    path.write_bytes(b"".join(_engine_cache.framed_header(_engine_cache.VALIDATED_MAGIC, header)))
+
+
+def _recorded(path: Path) -> object:
+    """The GPUs a validation record file lists."""
+    data = path.read_bytes()
+    return _engine_cache.read_header(data, _engine_cache.VALIDATED_MAGIC, None, _engine_cache.FORMAT)[0]["validated_on"]
+
+
 def _key(name: str = "k") -> Key:
-    return Key(name * 8, {"graph": name})
+    """A key named as the cache names them (a SHA-256 in hex: only such files are the cache's)."""
+    return Key((name.encode().hex() * 64)[:64], {"graph": name})
 
 
 # ---- the key -----------------------------------------------------------------------------------
@@ -217,7 +231,7 @@ def test_least_recently_used_entries_are_evicted(tmp_path):
         os.utime(cache.path(_key(name)), (age, age))
     assert cache.load(_key("a")) is not None  # a hit refreshes a: b is now the least recently used
     cache.store(_key("c"), big)
-    assert {p.name[:8] for p in tmp_path.glob("*.engine")} == {"a" * 8, "c" * 8}
+    assert {p.name for p in tmp_path.glob("*.engine")} == {cache.path(_key(n)).name for n in "ac"}
     assert rtx_backend.stats()["engine_cache_evictions"] == 1
 
 
@@ -448,7 +462,7 @@ def test_a_validated_cached_engine_is_not_checked_again_on_the_same_gpu(gpu_name
     compile_and_run(model, x, min_block_size=1, target_compute_capabilities=SM86)
     assert rtx_backend.stats()["validations"] == 1
     (record,) = Options().engine_cache_path.glob("*.validated")  # type: ignore[union-attr]
-    assert json.loads(record.read_text()) == ["GPU A sm86 driver 1"]
+    assert _recorded(record) == ["GPU A sm86 driver 1"]
     for gpu, checked in (("GPU A sm86 driver 1", False), ("GPU B sm89 driver 1", True),
                          ("GPU A sm86 driver 2", True), ("GPU B sm89 driver 1", False)):
         gpu_named["id"] = gpu
@@ -459,7 +473,7 @@ def test_a_validated_cached_engine_is_not_checked_again_on_the_same_gpu(gpu_name
         stats = rtx_backend.stats()
         assert stats["engine_cache_hits"] == 1
         assert (stats.get("validations", 0), stats.get("validations_skipped", 0)) == ((1, 0) if checked else (0, 1)), gpu
-    assert json.loads(record.read_text()) == ["GPU A sm86 driver 1", "GPU B sm89 driver 1", "GPU A sm86 driver 2"]
+    assert _recorded(record) == ["GPU A sm86 driver 1", "GPU B sm89 driver 1", "GPU A sm86 driver 2"]
 
 
 def test_a_failed_check_is_not_recorded_and_an_unreadable_record_means_check_again(gpu_named, monkeypatch):
@@ -481,14 +495,14 @@ def test_a_failed_check_is_not_recorded_and_an_unreadable_record_means_check_aga
     rtx_backend.reset_stats()
     compile_and_run(model, x, min_block_size=1, target_compute_capabilities=SM86)
     assert rtx_backend.stats()["validations"] == 1 and "validations_skipped" not in rtx_backend.stats()
-    assert json.loads(entry.with_suffix(".validated").read_text()) == [gpu_named["id"]]
+    assert _recorded(entry.with_suffix(".validated")) == [gpu_named["id"]]
 
 
 def test_eviction_removes_the_validation_record(tmp_path):
     cache = EngineCache(tmp_path, 1 << 30)
     old, new = _key("a"), _key("b")
     assert cache.store(old, _entry())
-    cache.validation_path(old).write_text("[]")
+    _write_record(cache.validation_path(old), old, [])
     cache.size_limit = len(b"".join(_engine_cache.encode(new, _entry()))) + 10
     assert cache.store(new, _entry())
     assert not cache.path(old).exists() and not cache.validation_path(old).exists()
@@ -563,11 +577,11 @@ def test_a_record_that_is_not_a_list_of_gpus_vouches_for_none(tmp_path, monkeypa
     cache = EngineCache(tmp_path, 1 << 30)
     key = _key("v")
     assert cache.store(key, _entry())
-    cache.validation_path(key).write_text(record)
+    _write_record(cache.validation_path(key), key, json.loads(record))  # signed, but not a list of GPUs
     assert not cache.validated_here(key)
     cache.mark_validated(key)
     assert cache.validated_here(key)
-    assert json.loads(cache.validation_path(key).read_text()) == ["GPU A sm86 driver 1"]
+    assert _recorded(cache.validation_path(key)) == ["GPU A sm86 driver 1"]
 
 
 class _TwoConstants(torch.nn.Module):
@@ -604,3 +618,141 @@ def test_the_pipeline_fingerprint_reads_every_module_that_shapes_an_engine():
     package = Path(_engine_cache.__file__).parent
     assert all((package / f"{name}.py").is_file() for name in _engine_cache.PIPELINE_MODULES)
     assert {"_onnx_bridge", "_onnx_rewrite", "_registry", "_engine"} <= set(_engine_cache.PIPELINE_MODULES)
+
+
+# ---- trust: only this user's files are served, only our own files are deleted --------------------
+
+
+def _poison_weights(path: Path) -> None:
+    """Scale the first stored weight of an entry's ONNX model by 1.5 and recompute every checksum
+    (what anyone who can write to the cache directory can do)."""
+    import numpy as np
+
+    data = bytearray(path.read_bytes())
+    start = len(_engine_cache.MAGIC) + 8
+    head_len = int.from_bytes(data[len(_engine_cache.MAGIC):start], "little")
+    header = json.loads(data[start:start + head_len])
+    onnx_at = start + head_len
+    at = onnx_at + header["onnx"]["skeleton"]
+    _, size = header["onnx"]["weights"][0]
+    weight = np.frombuffer(data, dtype=np.float32, count=size // 4, offset=at) * 1.5
+    data[at:at + size] = weight.astype(np.float32).tobytes()
+    payload = bytes(data[onnx_at:])
+    onnx_size = header["onnx"]["size"]
+    header["onnx"]["sha256"] = hashlib.sha256(payload[:onnx_size]).hexdigest()
+    header.pop("header_sha256", None)
+    mac = header.pop("mac", None)
+    header["header_sha256"] = _engine_cache._header_digest(header)
+    if mac is not None:
+        header["mac"] = mac  # the old signature, which no longer matches
+    head = json.dumps(header, sort_keys=True).encode()
+    path.write_bytes(_engine_cache.MAGIC + len(head).to_bytes(8, "little") + head + payload)
+
+
+def test_a_poisoned_engine_entry_is_a_miss_not_a_wrong_result(tmp_path, caplog):
+    model = eval_model(MLP())
+    x = torch.randn(4, 16)
+    options = {"min_block_size": 1, "target_compute_capabilities": SM86, "validate": False,
+               "engine_cache_dir": str(tmp_path / "engines")}
+    compile_and_run(model, x, **options)
+    (entry,) = (tmp_path / "engines").glob("*.engine")
+    for graph in (tmp_path / "engines").glob("*.graph"):
+        graph.unlink()  # through the engine cache alone
+    _poison_weights(entry)
+    torch._dynamo.reset()
+    rtx_backend.reset_stats()
+    with caplog.at_level(logging.WARNING, logger="rtx_backend"):
+        y = compile_and_run(model, x, **options)
+    torch.testing.assert_close(y, model(x), atol=1e-5, rtol=1e-5)
+    assert "not signed with your cache key" in caplog.text
+    assert rtx_backend.stats()["engine_builds"] == 1
+
+
+def test_a_planted_validation_record_does_not_skip_validation(gpu_named):
+    model = eval_model(MLP())
+    x = torch.randn(4, 16)
+    compile_and_run(model, x, min_block_size=1, target_compute_capabilities=SM86, validate=True)
+    directory = Options().engine_cache_path
+    assert directory is not None
+    (record,) = directory.glob("*.validated")
+    record.write_text(json.dumps([gpu_named["id"]]))  # planted: "this GPU checked it"
+    for graph in directory.glob("*.graph"):
+        graph.unlink()
+    torch._dynamo.reset()
+    rtx_backend.reset_stats()
+    compile_and_run(model, x, min_block_size=1, target_compute_capabilities=SM86, validate=True)
+    stats = rtx_backend.stats()
+    assert stats["engine_cache_hits"] == 1 and stats["validations"] == 1 and "validations_skipped" not in stats
+
+
+def test_a_validation_record_signed_with_another_key_vouches_for_nothing(gpu_named, tmp_path, caplog):
+    cache = EngineCache(tmp_path, 1 << 30)
+    key = _key("v")
+    assert cache.store(key, _entry())
+    header = {"format": _engine_cache.FORMAT, "key": key.name, "fields": key.fields, "validated_on": [gpu_named["id"]]}
+    cache.validation_path(key).write_bytes(b"".join(_engine_cache.framed_header(
+        _engine_cache.VALIDATED_MAGIC, header, b"someone else's key".ljust(32, b"!"))))
+    assert not cache.validated_here(key)
+    assert "not signed with your cache key" in caplog.text
+
+
+def test_eviction_deletes_only_the_caches_own_files(tmp_path, caplog):
+    """A user's files in the cache directory survive eviction: their names or their first bytes
+    are not ours."""
+    cache = EngineCache(tmp_path, 1 << 20)
+    users = {"my_own_model.engine": os.urandom(3 << 20), "notes.graph": b"n" * 2000,
+             "ab" * 32 + ".engine": b"not an entry" * 1000, "cd" * 32 + ".validated": b"[]"}
+    for name, content in users.items():
+        (tmp_path / name).write_bytes(content)
+        os.utime(tmp_path / name, (1000, 1000))  # older than any entry: first in line
+    unsaved = tmp_path / ".my_unsaved_work.tmp"
+    unsaved.write_bytes(b"draft")
+    os.utime(unsaved, (1000, 1000))
+    for name in "abc":
+        assert cache.store(_key(name), _entry(b"x" * 400_000))
+    for name, content in users.items():
+        assert (tmp_path / name).read_bytes() == content, name
+    assert unsaved.read_bytes() == b"draft"
+    assert not cache.path(_key("a")).exists() and cache.path(_key("c")).exists()  # our own entries were evicted
+
+
+def _temp_of(path: Path, pid: int) -> Path:
+    return path.with_name(f".{path.name}.{_files._host()}-{pid}.abc123{_files.TEMP_SUFFIX}")
+
+
+def test_temps_of_a_killed_writer_are_removed_at_the_next_write_and_count_meanwhile(tmp_path):
+    import subprocess as sp
+
+    dead = sp.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    cache = EngineCache(tmp_path, 1 << 20)
+    assert cache.store(_key("a"), _entry(b"x" * 300_000))
+    live = _temp_of(cache.path(_key("w")), os.getppid())  # a writer still at work (a live process)
+    live.write_bytes(b"t" * 500_000)
+    killed = _temp_of(cache.path(_key("k")), dead.pid)
+    killed.write_bytes(b"t" * 100_000)
+    assert cache.store(_key("b"), _entry(b"x" * 300_000))
+    assert not killed.exists()  # its process is gone: removed now, not an hour later
+    assert live.exists()
+    # the live temp's 500 kB count against the 1 MiB: a and b do not both fit beside it
+    assert not cache.path(_key("a")).exists() and cache.path(_key("b")).exists()
+
+
+def test_an_engine_entry_that_is_a_fifo_or_a_device_is_a_miss_not_a_hang(tmp_path, caplog):
+    cache = EngineCache(tmp_path, 1 << 30)
+    key = _key("f")
+    os.mkfifo(cache.path(key))
+    done: list = []
+    thread = threading.Thread(target=lambda: done.append(cache.load(key)), daemon=True)
+    thread.start()
+    thread.join(60)
+    assert done == [None], "reading a FIFO in the engine cache blocked"
+    assert "a FIFO" in caplog.text
+    cache.path(key).unlink()
+    os.symlink("/dev/zero", cache.path(key))  # endless: reading it would never finish
+    assert cache.load(key) is None
+    assert "a device" in caplog.text
+    cache.path(key).unlink()
+    cache.path(key).mkdir()
+    assert cache.load(key) is None
+    assert "a directory" in caplog.text

@@ -423,3 +423,86 @@ def test_gpu_hit_in_a_fresh_process_skips_validation(tmp_path):
     assert runs[1]["stats"]["graph_cache_hits"] == 1 and runs[2]["stats"]["graph_cache_hits"] == 1
     assert runs[2]["stats"]["validations_skipped"] == 1 and "validations" not in runs[2]["stats"]
     assert all(r["error"] < 1e-2 for r in runs)
+
+
+# ---- trust: nothing unpickled from a file this user did not write --------------------------------
+
+
+class _RunsCode:
+    """What a planted pickle holds: unpickling it runs a shell command."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def _plant(path: Path, payload: bytes, sign_with: bytes | None = None) -> None:
+    """Replace a graph entry's payload, its checksums recomputed (what anyone who can write to the
+    directory can do); `sign_with`: also sign it with that key (the attacker's own key by default)."""
+    header = _header(path.read_bytes())
+    header["payload"] = {"size": len(payload), "sha256": hashlib.sha256(payload).hexdigest()}
+    key = sign_with if sign_with is not None else b"an attacker's key".ljust(32, b"!")
+    path.write_bytes(b"".join([*_engine_cache.framed_header(_graph_cache.MAGIC, header, key), payload]))
+
+
+def test_a_planted_graph_entry_does_not_run_its_code(tmp_path, caplog):
+    """A real header, a payload whose pickle runs a command before the real graph, checksums
+    recomputed: a miss with a warning, the command never runs, the result is right."""
+    model, x = eval_model(MLP()), torch.randn(2, 16)
+    expected = compile_and_run(model, x, **_opts(tmp_path))
+    path = _files(tmp_path, ".graph")[0]
+    marker = tmp_path / "the-planted-code-ran"
+    data = path.read_bytes()
+    real = bytes(memoryview(data)[len(data) - _header(data)["payload"]["size"]:])
+    _plant(path, pickle.dumps([_RunsCode(marker)])[:-1] + real)  # the stealthy variant: the real graph follows
+    with caplog.at_level(logging.WARNING, logger="rtx_backend"):
+        out = _again(model, x, _opts(tmp_path))
+    assert not marker.exists()
+    assert "not signed with your cache key" in caplog.text
+    assert rtx_backend.stats()["graph_cache_misses"] == 1
+    torch.testing.assert_close(out, expected, rtol=0, atol=0)
+
+
+def test_a_signed_graph_entry_naming_other_code_is_refused(tmp_path, caplog):
+    """Defence in depth behind the signature: the unpickler takes only what compiled graphs hold."""
+    from rtx_backend import _trust
+
+    model, x = eval_model(MLP()), torch.randn(2, 16)
+    expected = compile_and_run(model, x, **_opts(tmp_path))
+    path = _files(tmp_path, ".graph")[0]
+    marker = tmp_path / "the-planted-code-ran"
+    _plant(path, pickle.dumps({"graph_module": _RunsCode(marker)}), sign_with=_trust.secret())
+    with caplog.at_level(logging.WARNING, logger="rtx_backend"):
+        out = _again(model, x, _opts(tmp_path))
+    assert not marker.exists()
+    assert "system, which no compiled graph holds" in caplog.text
+    torch.testing.assert_close(out, expected, rtol=0, atol=0)
+
+
+def test_graph_entries_of_real_graphs_name_only_allowed_globals(tmp_path):
+    """What adopt-cache's opcode scan and the load's allow-list accept covers what we write."""
+    for model, x in ((eval_model(ConvNet()), torch.randn(2, 3, 16, 16)), (eval_model(WithEagerOp()), torch.randn(2, 16))):
+        torch._dynamo.reset()
+        compile_and_run(model, x, **_opts(tmp_path))
+    entries = _files(tmp_path, ".graph")
+    assert len(entries) == 2
+    for path in entries:
+        data = path.read_bytes()
+        payload = data[len(data) - _header(data)["payload"]["size"]:]
+        assert _graph_cache.scan_globals(payload) == []
+
+
+def test_a_graph_entry_that_is_a_fifo_is_a_miss_not_a_hang(tmp_path, caplog):
+    model, x = eval_model(MLP()), torch.randn(2, 16)
+    compile_and_run(model, x, **_opts(tmp_path))
+    path = _files(tmp_path, ".graph")[0]
+    path.unlink()
+    os.mkfifo(path)
+    done: list = []
+    thread = threading.Thread(target=lambda: done.append(_again(model, x, _opts(tmp_path))), daemon=True)
+    thread.start()
+    thread.join(120)
+    assert done, "the compile blocked on a FIFO in the graph cache"
+    assert "is not a regular file (a FIFO)" in caplog.text

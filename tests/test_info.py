@@ -11,7 +11,14 @@ from importlib import metadata
 import pytest
 import torch
 
-from rtx_backend import _info, _trt
+from rtx_backend import _engine_cache, _info, _runtime_cache, _trt
+
+ENTRY = "ab" * 32 + ".engine"  # an entry's name: its key, a SHA-256
+
+
+def _ours(magic: bytes, size: int) -> bytes:
+    """Content whose first bytes are those of a cache file of ours (all that clear-cache reads)."""
+    return magic.ljust(size, b"x")
 
 
 def run_cli(*args: str, cache: str, hide_trt: bool = False) -> subprocess.CompletedProcess:
@@ -24,7 +31,7 @@ def run_cli(*args: str, cache: str, hide_trt: bool = False) -> subprocess.Comple
 
 def test_info_prints_versions_gpu_targets_and_caches(tmp_path):
     (tmp_path / "engines").mkdir()
-    (tmp_path / "engines" / "abc.engine").write_bytes(b"x" * 2048)
+    (tmp_path / "engines" / ENTRY).write_bytes(_ours(_engine_cache.MAGIC, 2048))
     out = subprocess.run([sys.executable, "-m", "rtx_backend", "info"], capture_output=True, text=True,
                          env={**os.environ, "RTX_BACKEND_CACHE_DIR": str(tmp_path)}, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
@@ -67,18 +74,23 @@ def test_clear_cache_removes_only_our_files(tmp_path, monkeypatch, capsys):
     engines, runtime = tmp_path / "engines", tmp_path / "runtime"
     engines.mkdir()
     runtime.mkdir()
-    for name in ("a.engine", "b.engine"):
-        (engines / name).write_bytes(b"e" * 100)
-    (engines / ".lock").write_text("")
-    (engines / "notes.txt").write_text("mine")
-    (runtime / "tensorrt_rtx-1.7.1-NVIDIA_RTX_3090-sm86.bin").write_bytes(b"r" * 50)
-    (runtime / "tensorrt_rtx-1.7.1-NVIDIA_RTX_3090-sm86.bin.lock").write_text("")
+    (engines / ENTRY).write_bytes(_ours(_engine_cache.MAGIC, 100))
+    (engines / ("cd" * 32 + ".graph")).write_bytes(_ours(_engine_cache.GRAPH_MAGIC, 60))
+    (engines / ("ab" * 32 + ".validated")).write_bytes(_ours(_engine_cache.VALIDATED_MAGIC, 40))
+    user_files = {"my_own_model.engine": b"e" * 100, "ef" * 32 + ".engine": b"not ours" * 10,
+                  "notes.txt": b"mine", ".lock": b""}
+    for name, content in user_files.items():
+        (engines / name).write_bytes(content)
+    (runtime / "tensorrt_rtx-1.7.1-NVIDIA_RTX_3090-sm86.cache").write_bytes(_ours(_runtime_cache.MAGIC, 50))
+    (runtime / "tensorrt_rtx-1.7.1-NVIDIA_RTX_3090-sm86.cache.lock").write_text("")
+    (runtime / "tensorrt_rtx-my-notes.cache").write_bytes(b"r" * 50)  # our name pattern, not our header
     assert _info.main(["clear-cache"]) == 0
     out = capsys.readouterr().out
-    assert f"engines: removed 2 file(s), 200 B, from {engines}" in out
+    assert f"engines: removed 3 file(s), 200 B, from {engines}" in out
     assert f"runtime: removed 1 file(s), 50 B, from {runtime}" in out
-    assert sorted(p.name for p in engines.iterdir()) == [".lock", "notes.txt"]
-    assert sorted(p.name for p in runtime.iterdir()) == ["tensorrt_rtx-1.7.1-NVIDIA_RTX_3090-sm86.bin.lock"]
+    assert {p.name: p.read_bytes() for p in engines.iterdir()} == user_files
+    assert sorted(p.name for p in runtime.iterdir()) == ["tensorrt_rtx-1.7.1-NVIDIA_RTX_3090-sm86.cache.lock",
+                                                         "tensorrt_rtx-my-notes.cache"]
     assert _info.main(["clear-cache"]) == 0  # again: nothing left, no error
     assert "engines: removed 0 file(s)" in capsys.readouterr().out
 
@@ -86,9 +98,9 @@ def test_clear_cache_removes_only_our_files(tmp_path, monkeypatch, capsys):
 def test_custom_cache_dirs(tmp_path, capsys):
     custom = tmp_path / "my_engines"
     custom.mkdir()
-    (custom / "x.engine").write_bytes(b"1234")
+    (custom / ENTRY).write_bytes(_ours(_engine_cache.MAGIC, 24))
     assert _info.main(["info", "--no-probe", "--engine-cache-dir", str(custom)]) == 0
-    assert f"engine cache  {custom}: 1 file(s), 4 B" in capsys.readouterr().out
+    assert f"engine cache  {custom}: 1 file(s), 24 B" in capsys.readouterr().out
     assert _info.main(["clear-cache", "--engine-cache-dir", str(custom)]) == 0
     assert list(custom.iterdir()) == [custom / ".lock"] or list(custom.iterdir()) == []
 

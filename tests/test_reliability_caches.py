@@ -37,7 +37,7 @@ import pytest
 import torch
 
 import rtx_backend
-from rtx_backend import _engine_cache, _files
+from rtx_backend import _engine_cache, _files, _runtime_cache
 from rtx_backend._engine_cache import EngineCache, Entry, Key
 from rtx_backend._onnx_bridge import OnnxRegion, TensorSpec
 from rtx_backend._runtime_cache import RuntimeCache
@@ -97,8 +97,8 @@ def _read_entry(path: Path, key: Key) -> Entry | None:
 def _read_kernels(path: Path) -> bytes | None:
     cache = FakeRuntimeCache()
     try:
-        return cache.kernels if cache.deserialize(path.read_bytes()) else None
-    except OSError:
+        return cache.kernels if cache.deserialize(_runtime_cache.unwrap(path.read_bytes())) else None
+    except (OSError, _runtime_cache.Foreign, _engine_cache.CorruptEntry):
         return None
 
 
@@ -179,14 +179,14 @@ def _unreadable(path, mp):
     if os.geteuid() != 0:
         path.chmod(0)
         return
-    original = Path.read_bytes
+    original = _files.read_buffer
 
-    def read_bytes(self):
-        if self == path:
-            raise PermissionError(errno.EACCES, "Permission denied", str(self))
-        return original(self)
+    def read_buffer(where, *args, **kwargs):
+        if Path(where) == path:
+            raise PermissionError(errno.EACCES, "Permission denied", str(where))
+        return original(where, *args, **kwargs)
 
-    mp.setattr(Path, "read_bytes", read_bytes)
+    mp.setattr(_files, "read_buffer", read_buffer)
 
 
 def _restore(path):
@@ -264,7 +264,8 @@ RUNTIME_READ_FAULTS = {
     "last_byte_missing": _drop_last_byte,
     "zero_length": _zero_length,
     "payload_bit_flip": _flip(10),
-    "foreign_version": lambda p, mp: p.write_bytes(b"RTXRC-1.6" + p.read_bytes()[9:]),
+    "foreign_version": lambda p, mp: p.write_bytes(  # ours, holding another TensorRT-RTX version's cache
+        b"".join(_runtime_cache.wrap(b"RTXRC-1.6" + _runtime_cache.unwrap(p.read_bytes())[9:]))),
     "foreign_file": _png,
     "permission_denied": _unreadable,
     "directory_in_the_way": _directory,
@@ -380,8 +381,8 @@ def runtime_read_case(damage) -> Callable[[Path, pytest.MonkeyPatch], Outcome]:
         out = Outcome()
         path = root / "runtime.bin"
         assert RuntimeCache(FakeRuntimeCache(_kernels(1)), path).save()
-        before = path.read_bytes()
         damage(path, mp)
+        before = path.read_bytes() if path.is_file() else None  # as the load finds it
         cache = RuntimeCache(FakeRuntimeCache(), path)
         out.call("load", cache.load, FakeRuntimeCache)
         if cache.cache.kernels:
@@ -615,17 +616,28 @@ def test_cache_fault(name, tmp_path_factory):
         assert out.temps_left == 0  # a failed write removes its temp file
 
 
+def _dead_pid() -> int:
+    pid = _fork(lambda: None)
+    os.waitpid(pid, 0)
+    return pid
+
+
 def test_killed_writers_leave_temps_that_the_next_save_removes(tmp_path):
-    """A writer killed mid-write leaves its temp file; once old, the next save of that file
-    removes it (and only temps of that file: a runtime cache may share a directory)."""
+    """A writer killed mid-write leaves its temp file; the next save of that file removes it at
+    once, its process being gone (and only temps of that file: a runtime cache may share a
+    directory)."""
     path = tmp_path / "runtime.bin"
-    stale = tmp_path / f".runtime.bin.abc123{_files.TEMP_SUFFIX}"
-    other = tmp_path / f".someone-else.bin.abc123{_files.TEMP_SUFFIX}"
-    for temp in (stale, other):
+    host, dead = _files._host(), _dead_pid()
+    stale = tmp_path / f".runtime.bin.{host}-{dead}.abc123{_files.TEMP_SUFFIX}"
+    old = tmp_path / f".runtime.bin.otherhost-1.abc123{_files.TEMP_SUFFIX}"  # another host's: an hour old
+    live = tmp_path / f".runtime.bin.{host}-{os.getppid()}.abc123{_files.TEMP_SUFFIX}"  # a writer at work
+    other = tmp_path / f".someone-else.bin.{host}-{dead}.abc123{_files.TEMP_SUFFIX}"
+    for temp in (stale, old, live, other):
         temp.write_bytes(b"half a file")
-        os.utime(temp, (time.time() - 7200, time.time() - 7200))
+    os.utime(old, (time.time() - 7200, time.time() - 7200))
     assert RuntimeCache(FakeRuntimeCache(_kernels(1)), path).save()
-    assert not stale.exists() and other.exists()
+    assert not stale.exists() and not old.exists()
+    assert live.exists() and other.exists()
 
 
 def test_summary(tmp_path_factory, capsys):
@@ -653,6 +665,9 @@ BUILD = {"min_block_size": 1, "target_compute_capabilities": [(8, 6)]}
 
 
 def test_compile_with_a_full_disk_still_runs(monkeypatch, caplog, tmp_path):
+    from rtx_backend import _trust
+
+    assert _trust.secret() is not None  # the user's cache key was made before the disk filled up
     _disk_full(monkeypatch)
     model = eval_model(MLP())
     x = torch.randn(4, 16)
@@ -695,7 +710,7 @@ def test_gpu_damaged_runtime_cache_file_still_runs(tmp_path, caplog):
     from rtx_backend import save_runtime_cache
 
     path = tmp_path / "runtime.bin"
-    path.write_bytes(os.urandom(4096))
+    path.write_bytes(b"".join(_runtime_cache.wrap(os.urandom(4096))))  # ours, but not a cache TensorRT-RTX reads
     model = eval_model(MLP(), device="cuda")
     x = torch.randn(4, 16, device="cuda")
     y = compile_and_run(model, x, min_block_size=1, runtime="tensorrt_rtx", runtime_cache_path=str(path))
@@ -707,4 +722,4 @@ def test_gpu_damaged_runtime_cache_file_still_runs(tmp_path, caplog):
     trt = _trt.trt()
     engine = trt.Runtime(_trt.logger()).deserialize_cuda_engine(regions()[0].engine)
     config = engine.create_runtime_config()
-    assert config.create_runtime_cache().deserialize(path.read_bytes())  # a good file now
+    assert config.create_runtime_cache().deserialize(_runtime_cache.unwrap(path.read_bytes()))  # a good file now

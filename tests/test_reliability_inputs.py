@@ -193,3 +193,14 @@ def test_gpu_dtype_layout_zero_size_and_profile_changes():
         x = torch.randn(n, 16, device="cuda")
         y, _ = _run(dyn, x)
         torch.testing.assert_close(y, mlp(x), atol=1e-3, rtol=1e-3)
+
+
+def test_meta_inputs_give_meta_outputs_as_eager_does():
+    model = torch.nn.Sequential(torch.nn.Linear(16, 8), torch.nn.ReLU()).to("meta").eval()
+    x = torch.randn(4, 16, device="meta")
+    compiled = torch.compile(model, backend="trtrtx", options={"min_block_size": 1,
+                                                                "target_compute_capabilities": [(8, 6)]})
+    with torch.no_grad():
+        y = compiled(x)
+    expected = model(x)
+    assert y.is_meta and y.shape == expected.shape and y.dtype == expected.dtype

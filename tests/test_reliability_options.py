@@ -63,6 +63,7 @@ BAD_VALUES = [
     ("dynamic_shapes", {0: {0: (-1, 8, 64)}}, "min <= opt <= max"),
     ("dynamic_shapes", {0: {0: (1, 8, 2**31)}}, str(MAX_DIM)),
     ("dynamic_shapes", {0: {0: (1, 8.5, 64)}}, "min <= opt <= max"),
+    ("dynamic_shapes", {0: {0: (0, 0, 0)}}, "max >= 1"),
     ("default_max_dim", 0, "integer in [1, 2147483647]"),
     ("default_max_dim", 2**31, "integer in [1, 2147483647]"),
     ("runtime_cache_path", 3, "path string"),
@@ -295,3 +296,75 @@ def test_random_option_dicts_compile_or_raise_our_error(data, tmp_path_factory):
 def test_errors_derive_from_the_package_base():
     for name in ("OptionsError", "TargetError", "BuildError", "RuntimeUnavailableError", "CudaGraphError"):
         assert issubclass(getattr(rtx_backend, name), RtxBackendError)
+
+
+# ---- iterables, integer-likes, dynamic_shapes against the graph, meta inputs --------------------
+
+
+class _Index:
+    """An integer-like that is not an int (operator.index works on it)."""
+
+    def __init__(self, value: int) -> None:
+        self.value = value
+
+    def __index__(self) -> int:
+        return self.value
+
+
+def test_an_iterator_of_targets_serves_every_compile_of_the_same_options():
+    options = {"target_compute_capabilities": iter([(8, 6)]), "min_block_size": 1}
+    model = torch.nn.Sequential(torch.nn.Linear(16, 8), torch.nn.ReLU()).eval()
+    compiled = torch.compile(model, backend="trtrtx", options=options, dynamic=False)
+    with torch.no_grad():
+        for batch in (2, 3):  # a new static shape: Dynamo calls the backend again, with the same dict
+            x = torch.randn(batch, 16)
+            torch.testing.assert_close(compiled(x), model(x), atol=1e-5, rtol=1e-5)
+    assert rtx_backend.stats()["backend_calls"] == 2
+    assert Options.from_dict(options).target_compute_capabilities == ((8, 6),)
+    gen = {"torch_executed_ops": (name for name in ["aten.relu"])}
+    assert Options.from_dict(gen) is Options.from_dict(gen)
+    gen["min_block_size"] = 3  # a changed dict is validated again
+    assert Options.from_dict(gen).min_block_size == 3
+
+
+def test_integer_likes_are_accepted_wherever_an_int_is_and_stored_as_ints():
+    import json
+
+    opts = Options.from_dict({
+        "target_compute_capabilities": [(np.int64(8), _Index(6))],
+        "min_block_size": np.int32(2),
+        "default_max_dim": _Index(128),
+        "engine_cache_size_mb": np.uint16(10),
+        "dynamic_shapes": {np.int64(0): {np.int64(0): (np.int64(1), np.int32(4), _Index(64))}},
+    })
+    assert opts.target_compute_capabilities == ((8, 6),) and opts.min_block_size == 2
+    assert opts.dynamic_shapes == {0: {0: (1, 4, 64)}}
+    values = [opts.min_block_size, opts.default_max_dim, opts.engine_cache_size_mb,
+              *opts.target_compute_capabilities[0], *opts.dynamic_shapes[0][0], *opts.dynamic_shapes, *opts.dynamic_shapes[0]]
+    assert all(type(v) is int for v in values)
+    json.dumps({str(k): v for k, v in opts.dynamic_shapes.items()})
+
+
+def test_numpy_dynamic_shapes_compile_to_an_engine_not_pytorch():
+    from .helpers import compile_and_run, regions
+
+    model = torch.nn.Sequential(torch.nn.Linear(16, 8), torch.nn.ReLU()).eval()
+    x = torch.randn(4, 16)
+    torch._dynamo.mark_dynamic(x, 0)
+    y = compile_and_run(model, x, min_block_size=1, target_compute_capabilities=[(8, 6)],
+                        dynamic_shapes={np.int64(0): {np.int64(0): (np.int64(1), np.int64(4), np.int64(32))}})
+    torch.testing.assert_close(y, model(x), atol=1e-5, rtol=1e-5)
+    assert [r.kind for r in regions()] == ["onnxruntime"] and rtx_backend.stats()["engine_builds"] == 1
+
+
+def test_dynamic_shapes_naming_a_dim_beyond_the_inputs_rank_is_an_options_error():
+    model = torch.nn.Sequential(torch.nn.Linear(16, 8), torch.nn.ReLU()).eval()
+    x = torch.randn(4, 16)
+    torch._dynamo.mark_dynamic(x, 0)
+    compiled = torch.compile(model, backend="trtrtx", options={
+        "min_block_size": 1, "target_compute_capabilities": [(8, 6)], "dynamic_shapes": {0: {2: (1, 4, 32)}}})
+    with pytest.raises(Exception) as info, torch.no_grad():
+        compiled(x)
+    error = backend_error(info.value)
+    assert isinstance(error, OptionsError)
+    assert "names dim 2, but input 0 has 2 dim(s)" in str(error)

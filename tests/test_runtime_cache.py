@@ -78,6 +78,11 @@ def _attach(**options) -> tuple[FakeConfig, _runtime_cache.RuntimeCache]:
     return config, entry
 
 
+def _ours(blob: bytes) -> bytes:
+    """A runtime cache file as this user's process writes it, holding TensorRT-RTX's `blob`."""
+    return b"".join(_runtime_cache.wrap(blob))
+
+
 def _restart(monkeypatch) -> None:
     monkeypatch.setattr(_runtime_cache, "_CACHES", {})
 
@@ -143,11 +148,11 @@ def test_two_processes_saving_one_file_keep_both_processes_kernels(tmp_path, mon
     assert second.save()
     assert rtx_backend.stats()["runtime_cache_merges"] == 1
     on_disk = FakeCache()
-    assert on_disk.deserialize(path.read_bytes()) and on_disk.kernels == b"conv|gemm"
+    assert on_disk.deserialize(_runtime_cache.unwrap(path.read_bytes())) and on_disk.kernels == b"conv|gemm"
     assert first.save()  # the first process's next save keeps the second's kernels too
     assert first.cache.kernels == b"conv|gemm"
     on_disk = FakeCache()
-    assert on_disk.deserialize(path.read_bytes()) and on_disk.kernels == b"conv|gemm"
+    assert on_disk.deserialize(_runtime_cache.unwrap(path.read_bytes())) and on_disk.kernels == b"conv|gemm"
     assert rtx_backend.stats()["runtime_cache_merges"] == 2
 
 
@@ -156,28 +161,33 @@ def test_a_file_damaged_since_the_load_is_replaced_not_merged(tmp_path, caplog):
     _, entry = _attach(runtime_cache_path=str(path))
     entry.cache.kernels = b"mine"
     assert entry.save()
-    path.write_bytes(b"garbage" * 10)
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0xFF  # damaged: its header is ours, its content fails its checksum
+    path.write_bytes(bytes(data))
     entry.cache.kernels = b"mine|more"
     with caplog.at_level(logging.WARNING, logger="rtx_backend"):
         assert entry.save()
     assert not caplog.records and "runtime_cache_merges" not in rtx_backend.stats()
     on_disk = FakeCache()
-    assert on_disk.deserialize(path.read_bytes()) and on_disk.kernels == b"mine|more"
+    assert on_disk.deserialize(_runtime_cache.unwrap(path.read_bytes())) and on_disk.kernels == b"mine|more"
 
 
 @pytest.mark.parametrize(
-    "content", [b"", b"garbage" * 100, FakeCache.MAGIC + b"\0" * 32 + b"kernels"], ids=["empty", "garbage", "foreign"]
+    "content",
+    [lambda: _runtime_cache.MAGIC + b"\0" * 8, lambda: _ours(b"garbage" * 100),
+     lambda: _ours(FakeCache.MAGIC + b"\0" * 32 + b"kernels"), lambda: _ours(b"x")[:-1]],
+    ids=["truncated_header", "garbage", "foreign_version", "truncated"],
 )
 def test_corrupt_or_foreign_file_is_a_warning_and_a_fresh_cache(content, tmp_path, caplog):
     path = tmp_path / "rc.bin"
-    path.write_bytes(content)
+    path.write_bytes(content())
     with caplog.at_level(logging.WARNING, "rtx_backend"):
         config, entry = _attach(runtime_cache_path=str(path))
     assert "starting with an empty cache" in caplog.text
     assert entry.cache.kernels == b"" and entry.cache is config.created[-1]  # a new object, not the failed one
     entry.cache.kernels = b"new work"
     assert rtx_backend.save_runtime_cache() == [path]  # the bad file is replaced
-    assert FakeCache().deserialize(path.read_bytes())
+    assert FakeCache().deserialize(_runtime_cache.unwrap(path.read_bytes()))
 
 
 def test_unreadable_file_is_a_warning(tmp_path, caplog):
@@ -223,7 +233,7 @@ def test_cache_is_saved_when_its_owner_is_released(tmp_path):
     assert not path.exists()
     del owner
     gc.collect()
-    assert FakeCache().deserialize(path.read_bytes())
+    assert FakeCache().deserialize(_runtime_cache.unwrap(path.read_bytes()))
 
 
 AT_EXIT = textwrap.dedent(
@@ -246,7 +256,7 @@ def test_cache_is_saved_at_interpreter_exit(tmp_path):
                          timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     cache = FakeCache()
-    assert cache.deserialize(path.read_bytes()) and cache.kernels == b"saved at exit"
+    assert cache.deserialize(_runtime_cache.unwrap(path.read_bytes())) and cache.kernels == b"saved at exit"
 
 
 WRITER = textwrap.dedent(
@@ -254,6 +264,7 @@ WRITER = textwrap.dedent(
     import os, random, sys
     from pathlib import Path
     sys.path.insert(0, sys.argv[1])
+    from rtx_backend import _runtime_cache
     from rtx_backend._runtime_cache import RuntimeCache
     from tests.test_runtime_cache import FakeCache
     path = Path(sys.argv[2])
@@ -263,7 +274,7 @@ WRITER = textwrap.dedent(
         entry = RuntimeCache(FakeCache(), path)
         entry.cache.kernels = os.urandom(rng.randrange(1, 200_000))
         entry.save()
-        if not FakeCache().deserialize(path.read_bytes()):
+        if not FakeCache().deserialize(_runtime_cache.unwrap(path.read_bytes())):
             bad += 1
     print(bad)
     """
@@ -281,7 +292,7 @@ def test_concurrent_savers_never_leave_an_unreadable_file(tmp_path):
         stdout, stderr = proc.communicate(timeout=300)
         assert proc.returncode == 0, stderr[-3000:]
         assert stdout.strip() == "0"
-    assert FakeCache().deserialize(path.read_bytes())
+    assert FakeCache().deserialize(_runtime_cache.unwrap(path.read_bytes()))
     assert not list(tmp_path.glob(".*.tmp"))
 
 
@@ -399,3 +410,68 @@ def test_gpu_two_processes_saving_one_runtime_cache_keep_both(tmp_path):
     assert out["conv"]["stats"]["runtime_cache_merges"] == 1
     assert out["conv"]["file"] > max(out["mlp"]["own"], out["conv"]["own"])
     assert out["conv"]["file"] >= 0.9 * (out["mlp"]["own"] + out["conv"]["own"])
+
+
+# ---- trust: only our own runtime cache is read or replaced -------------------------------------
+
+
+def test_a_file_that_is_not_our_runtime_cache_is_never_overwritten(tmp_path, caplog):
+    path = tmp_path / "notes.txt"  # runtime_cache_path naming a user's file by mistake
+    path.write_bytes(b"my notes, not a cache")
+    with caplog.at_level(logging.WARNING, "rtx_backend"):
+        _, entry = _attach(runtime_cache_path=str(path))
+    entry.cache.kernels = b"jit work"
+    assert rtx_backend.save_runtime_cache() == []
+    assert path.read_bytes() == b"my notes, not a cache"
+    assert "is not a runtime cache of rtx_backend" in caplog.text and "neither loaded nor overwritten" in caplog.text
+
+
+def test_a_file_that_appears_after_the_load_and_is_not_ours_is_not_overwritten(tmp_path, caplog):
+    path = tmp_path / "rc.bin"
+    _, entry = _attach(runtime_cache_path=str(path))
+    path.write_bytes(b"someone's file")
+    entry.cache.kernels = b"jit work"
+    assert not entry.save()
+    assert path.read_bytes() == b"someone's file"
+
+
+def test_kernels_saved_by_another_user_are_not_loaded(tmp_path, monkeypatch, caplog):
+    path = tmp_path / "rc.bin"
+    _, entry = _attach(runtime_cache_path=str(path))
+    entry.cache.kernels = b"their kernels"
+    assert entry.save()
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "another-user"))
+    _restart(monkeypatch)
+    with caplog.at_level(logging.WARNING, "rtx_backend"):
+        _, mine = _attach(runtime_cache_path=str(path))
+    assert mine.cache.kernels == b"" and "not signed with your cache key" in caplog.text
+    mine.cache.kernels = b"my kernels"
+    assert mine.save()  # a file of ours (our header) that we cannot vouch for: replaced
+    assert _runtime_cache.unwrap(path.read_bytes()).endswith(b"my kernels")
+
+
+def test_a_fifo_as_the_runtime_cache_is_a_warning_not_a_hang(tmp_path, caplog):
+    import threading
+
+    path = tmp_path / "rc.bin"
+    os.mkfifo(path)
+    done: list = []
+    thread = threading.Thread(target=lambda: done.append(_attach(runtime_cache_path=str(path))), daemon=True)
+    thread.start()
+    thread.join(60)
+    assert done, "loading the runtime cache blocked on a FIFO"
+    entry = done[0][1]
+    entry.cache.kernels = b"k"
+    assert not entry.save()  # and it is not replaced
+    assert path.is_fifo() and "a FIFO" in caplog.text
+
+
+def test_a_world_writable_runtime_cache_directory_keeps_the_cache_in_memory(tmp_path, caplog):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    with caplog.at_level(logging.WARNING, "rtx_backend"):
+        _, entry = _attach(runtime_cache_path=str(shared / "rc.bin"))
+    assert entry.path is None and "chmod go-w" in caplog.text
+    entry.cache.kernels = b"k"
+    assert rtx_backend.save_runtime_cache() == [] and list(shared.iterdir()) == []

@@ -1,0 +1,178 @@
+"""Trust in cache files: only files this user wrote are served, only directories this user owns.
+
+A cache file is data that the next compile acts on: an engine runs on the GPU, a graph entry is
+unpickled, a validation record skips a check, a runtime cache holds kernels. A checksum only says
+that a file is whole; anyone who can write to the cache directory can also recompute it. So every
+cache file carries an HMAC-SHA256 of its header (which holds the SHA-256 of each payload, already
+computed for the integrity check: a large engine is not hashed twice) under a per-user secret,
+`$XDG_CONFIG_HOME/rtx_backend/cache.key` (mode 0600, made on first use). A file without this
+user's HMAC is a miss with a warning, never executed, never unpickled.
+
+A cache directory owned by another user, or writable by group or others, is refused the way ssh
+refuses such a key directory: with a warning that names the fix; caching is then off for that
+directory and compiles go on without it. Directories that the package creates are made 0755.
+Files copied from another machine (engines built on a laptop for a declared target) are taken in
+by an explicit step, `python -m rtx_backend adopt-cache DIR`, which checks and re-signs them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import hmac
+import logging
+import os
+import secrets
+import stat
+import tempfile
+import threading
+from pathlib import Path
+
+log = logging.getLogger("rtx_backend")
+
+KEY_BYTES = 32
+_LOCK = threading.Lock()
+_KEYS: dict[tuple[str, int, int], bytes] = {}  # (path, inode, mtime) -> secret
+_WARNED: set[str] = set()
+ADOPT_HINT = "python -m rtx_backend adopt-cache"
+
+
+class Untrusted(Exception):
+    """A cache file or directory that this user cannot vouch for (internal: a warning and a miss)."""
+
+
+def key_path() -> Path:
+    """The per-user secret's file: in the user's config directory, never in a cache directory."""
+    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return Path(base) / "rtx_backend" / "cache.key"
+
+
+def secret() -> bytes | None:
+    """This user's cache key, made on first use; None (with one warning) when it cannot be read or
+    made safely: then nothing is cached, as nothing could be trusted."""
+    path = key_path()
+    try:
+        return _load_or_create(path)
+    except (OSError, Untrusted) as exc:
+        warn_once(f"trtrtx: no usable cache key at {path} ({exc}); the engine, graph and runtime caches are off. "
+                  "Fix: make the directory writable, or remove a damaged key file (a new one is made), "
+                  "or set XDG_CONFIG_HOME to a directory of your own")
+        return None
+
+
+def _load_or_create(path: Path) -> bytes:
+    with contextlib.suppress(FileNotFoundError):
+        return _read_key(path)
+    make_directories(path.parent, mode=0o700)
+    fd, temp = tempfile.mkstemp(dir=path.parent, prefix=".cache.key.", suffix=".tmp")  # 0600
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(secrets.token_bytes(KEY_BYTES))
+            f.flush()
+            os.fsync(f.fileno())
+        with contextlib.suppress(FileExistsError):  # another process made one first: use theirs
+            os.link(temp, path)  # never replaces a key: entries signed with it stay valid
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(temp)
+    return _read_key(path)
+
+
+def _read_key(path: Path) -> bytes:
+    st = os.lstat(path)
+    if not stat.S_ISREG(st.st_mode):
+        raise Untrusted("it is not a regular file")
+    if os.name == "posix":
+        if st.st_uid != os.geteuid():
+            raise Untrusted(f"it is owned by uid {st.st_uid}, not by you (uid {os.geteuid()})")
+        if st.st_mode & 0o077:
+            raise Untrusted(f"its mode is {stat.S_IMODE(st.st_mode):04o}; run `chmod 600 {path}`")
+    ident = (str(path), st.st_ino, st.st_mtime_ns)
+    with _LOCK:
+        known = _KEYS.get(ident)
+    if known is not None:
+        return known
+    with open(path, "rb") as f:
+        key = f.read(KEY_BYTES + 1)
+    if len(key) != KEY_BYTES:
+        raise Untrusted(f"it holds {len(key)} bytes, not {KEY_BYTES}")
+    with _LOCK:
+        _KEYS[ident] = key
+    return key
+
+
+def sign(digest: str, key: bytes) -> str:
+    """The HMAC of a header's SHA-256 (hex): it covers the header and, through it, the payloads."""
+    return hmac.new(key, digest.encode(), hashlib.sha256).hexdigest()
+
+
+def verify(digest: str, mac: object, key: bytes) -> bool:
+    return isinstance(mac, str) and hmac.compare_digest(sign(digest, key), mac)
+
+
+# ---- directories --------------------------------------------------------------------------------
+
+
+def directory_problem(directory: Path) -> str | None:
+    """Why `directory` (or a directory above it) could let another user plant cache files; None
+    when it is safe or does not exist yet (it is then made by this user, 0755)."""
+    if os.name != "posix":
+        return None
+    me = os.geteuid()
+    try:
+        st = os.stat(directory)
+    except OSError:  # not there (made by this user), or not reachable: writes fail and say so
+        st = None
+    if st is not None:
+        if not stat.S_ISDIR(st.st_mode):
+            return "it is not a directory"
+        if st.st_uid != me:
+            return (f"it is owned by uid {st.st_uid}, not by you (uid {me}). Fix: use a directory of your own, "
+                    f"or copy this one (cp -r) and run `{ADOPT_HINT} <copy>`")
+        if st.st_mode & 0o022:
+            return (f"it is writable by group or others (mode {stat.S_IMODE(st.st_mode):04o}). "
+                    f"Fix: `chmod go-w {directory}`, or `{ADOPT_HINT} {directory}` if its files came from elsewhere")
+    for parent in Path(os.path.abspath(directory)).parents:
+        try:
+            pst = os.stat(parent)
+        except OSError:
+            continue  # not there yet: made by this user
+        sticky = pst.st_mode & stat.S_ISVTX
+        if pst.st_uid not in (0, me):
+            return f"{parent}, above it, is owned by uid {pst.st_uid}, who could replace it. Fix: use a directory of your own"
+        if pst.st_mode & 0o022 and not sticky:
+            return (f"{parent}, above it, is writable by group or others (mode {stat.S_IMODE(pst.st_mode):04o}) "
+                    f"without the sticky bit, so another user could replace it. Fix: `chmod go-w {parent}`, "
+                    "or use a directory of your own")
+    return None
+
+
+def trusted_directory(directory: Path, what: str) -> bool:
+    """Whether the cache `what` may use `directory`; a refusal is one warning per directory."""
+    problem = directory_problem(directory)
+    if problem is None:
+        return secret() is not None
+    warn_once(f"trtrtx: not using {directory} as the {what}: {problem}. Without it, compiles go on uncached.")
+    return False
+
+
+def make_directories(directory: Path, mode: int = 0o755) -> None:
+    """`mkdir -p` whose new directories get `mode` whatever the umask, so that a directory this
+    package made is never refused for being group-writable."""
+    missing = []
+    for path in (directory, *directory.parents):
+        if path.exists():
+            break
+        missing.append(path)
+    directory.mkdir(parents=True, exist_ok=True)
+    for path in reversed(missing):
+        with contextlib.suppress(OSError):
+            os.chmod(path, mode)
+
+
+def warn_once(message: str) -> None:
+    with _LOCK:
+        if message in _WARNED:
+            return
+        _WARNED.add(message)
+    log.warning(message)
