@@ -363,14 +363,20 @@ def _widened_engine(onnx_region: OnnxRegion, options: Options, base: CacheKey | 
 
 def _build_for(model: bytes | OnnxModel | Network, options: Options, profile: Profile) -> EngineData:
     """An engine for the region's model and a profile (also when a call fell outside the first one)."""
-    refittable = checked(options) and REFITTABLE_BUILDS and torch.cuda.is_available()
+    targets = options.target_compute_capabilities
+    refittable = (checked(options) and REFITTABLE_BUILDS and torch.cuda.is_available()
+                  and targets not in _REFIT_REFUSED)
     with build_progress(options) as monitor:
         if refittable:
             try:
-                return build(model, options.target_compute_capabilities, profile, monitor=monitor, refittable=True).data
+                return build(model, targets, profile, monitor=monitor, refittable=True).data
             except BuildError as exc:  # a weight change then builds the engine again instead
-                log.debug("trtrtx: a refittable engine could not be built (%s); building one that is not", exc)
-        return build(model, options.target_compute_capabilities, profile, monitor=monitor).data
+                # not tried again for these targets in this process: a failed build costs seconds
+                _REFIT_REFUSED.add(targets)
+                log.info("trtrtx: TensorRT-RTX builds no refittable engine for %s here (%s); engines are built "
+                         "as for frozen weights, and a weight change builds the region's engine again",
+                         _targets.describe(targets) if targets else "this GPU", exc)
+        return build(model, targets, profile, monitor=monitor).data
 
 
 # Engines of checked weights are built refittable (where a GPU is present: TensorRT-RTX's builder
@@ -378,6 +384,10 @@ def _build_for(model: bytes | OnnxModel | Network, options: Options, profile: Pr
 # engines run slower (bench/refit.py measures it), set this False: engines are then built as for
 # frozen weights, and a weight change builds the region's engine again.
 REFITTABLE_BUILDS = True
+# Targets (None: this GPU) for which a refittable build failed in this process (TensorRT-RTX 1.6
+# on an SM 9.0 GPU, off its list, fails every one in Myelin: "target_sm '90' does not have arch
+# kind assigned").
+_REFIT_REFUSED: set[tuple[tuple[int, int], ...] | None] = set()
 
 
 def checked(options: Options) -> bool:

@@ -110,13 +110,14 @@ class Options:
             raise OptionsError(
                 f"unknown option(s) {', '.join(hints)}; valid options are: {', '.join(valid)}"
             )
+        root = default_cache_root()  # defaults read the environment: a change of it is a new Options
         with _BUILT_LOCK:
             built = _BUILT.get(id(options))
-            if built is not None and built[0] is options and _unchanged(built[1], options):
-                return built[2]
+            if built is not None and built[0] is options and built[1] == root and _unchanged(built[2], options):
+                return built[3]
         made = cls(**options)
         with _BUILT_LOCK:  # the dict is kept, so its id is not reused by another while it is here
-            _BUILT[id(options)] = (options, tuple(options.items()), made)
+            _BUILT[id(options)] = (options, root, tuple(options.items()), made)
             while len(_BUILT) > 64:
                 _BUILT.popitem(last=False)
         return made
@@ -171,7 +172,7 @@ def options_for_mode(mode: Any, options: Mapping[str, Any] | Options | None = No
 # torch.compile hands the backend the same `options` dict on every compile: the Options built from
 # it are reused while it holds the same values (identity), so an iterator or generator given as a
 # value is read once, not found empty by the second compile.
-_BUILT: OrderedDict[int, tuple[Mapping[str, Any], tuple[tuple[str, Any], ...], Options]] = OrderedDict()
+_BUILT: OrderedDict[int, tuple[Mapping[str, Any], Path, tuple[tuple[str, Any], ...], Options]] = OrderedDict()
 _BUILT_LOCK = threading.Lock()
 _MISSING = object()
 

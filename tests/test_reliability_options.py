@@ -368,3 +368,16 @@ def test_dynamic_shapes_naming_a_dim_beyond_the_inputs_rank_is_an_options_error(
     error = backend_error(info.value)
     assert isinstance(error, OptionsError)
     assert "names dim 2, but input 0 has 2 dim(s)" in str(error)
+
+
+def test_the_same_options_dict_follows_a_changed_cache_environment(monkeypatch, tmp_path):
+    """Options built from one dict are reused while it holds the same values (so an iterator in it
+    is read once), but not across a change of the environment that the defaults read."""
+    from rtx_backend import Options
+
+    given = {"min_block_size": 1}
+    monkeypatch.setenv("RTX_BACKEND_CACHE_DIR", str(tmp_path / "a"))
+    first = Options.from_dict(given)
+    assert Options.from_dict(given) is first
+    monkeypatch.setenv("RTX_BACKEND_CACHE_DIR", str(tmp_path / "b"))
+    assert Options.from_dict(given).engine_cache_dir == str(tmp_path / "b" / "engines")
