@@ -3,7 +3,7 @@ engines built for a declared target), so that a server that recompiles stays bou
 
     python bench/graph_cache_memory.py [--cycles 100] [--width 1024] [--depth 4]
 
-Prints each cycle's RSS and saves bench/results/<date>-graph-cache-memory.json: RSS after the
+Prints each cycle's RSS and saves bench/results/<date>-<device>-<TensorRT-RTX version>-graph-cache-memory.json: RSS after the
 first cycle, after the last, and the growth as a share of the first cycle's.
 """
 
@@ -81,9 +81,27 @@ def main() -> None:
     }
     print(json.dumps({k: v for k, v in result.items() if k != "rss_mb"}, indent=2))
     if not args.no_save:
-        out = Path(__file__).parent / "results" / f"{datetime.date.today()}-graph-cache-memory.json"
-        out.write_text(json.dumps(result, indent=2) + "\n")
+        env = result_env()
+        out = result_path("graph-cache-memory", env)
+        out.write_text(json.dumps({"env": env, **result}, indent=2) + "\n")
         print(f"saved {out}")
+
+
+def result_env() -> dict:
+    """Where the numbers were measured: the date, this machine (cpu or the GPU's name) and versions."""
+    import platform
+
+    from rtx_backend import _trt
+
+    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    trt = _trt.version() if _trt.available() else "0.0.0"
+    return {"date": datetime.date.today().isoformat(), "gpu": gpu, "tensorrt_rtx": trt,
+            "torch": torch.__version__, "python": platform.python_version()}
+
+
+def result_path(kind: str, env: dict) -> Path:
+    version = ".".join(env["tensorrt_rtx"].split(".")[:3])
+    return Path(__file__).parent / "results" / f"{env['date']}-{env['gpu'].replace(' ', '-')}-{version}-{kind}.json"
 
 
 if __name__ == "__main__":

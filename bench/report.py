@@ -69,7 +69,9 @@ def _label(config: dict[str, Any]) -> tuple[str, str, str]:
 
 def readme_table(results: list[tuple[str, dict[str, Any]]]) -> str:
     """Per model, batch and dtype: the latest result of the version with the most peers."""
-    with_peer = [(stem, r) for stem, r in results if "torch_tensorrt" in r.get("backends", [])]
+    # the bench models with the peer measured beside them (the zoo has its own page, docs/zoo.md)
+    with_peer = [(stem, r) for stem, r in results
+                 if "torch_tensorrt" in r.get("backends", []) and not stem.endswith("-zoo")]
     if not with_peer:
         return "(no saved result with Torch-TensorRT-RTX)"
     chosen = version(with_peer[-1][1])

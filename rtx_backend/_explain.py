@@ -101,6 +101,10 @@ FIXES: dict[str, str] = {
     "fp8": "declare only SM 8.9 and newer targets, or run the model in FP16",
     "fp4": "declare only SM 12.0 and newer targets, or run the model in FP16",
     "fp64": "run the model in float32 or float16",
+    "fp64-scalar": "set torch._dynamo.config.specialize_float = True (Python floats become constants), "
+                   "or leave it: exact float64 arithmetic on scalars costs little in PyTorch",
+    "strided-dilated-conv-transpose": "nothing: TensorRT-RTX builds no transposed convolution that is both "
+                                      "strided and dilated, so that node runs in PyTorch",
     "complex": "nothing: TensorRT-RTX has no complex dtypes, so these run in PyTorch",
     "min_block_size": "lower min_block_size (each engine call has a fixed cost)",
     "torch_executed_ops": "remove the op from torch_executed_ops",
