@@ -338,6 +338,65 @@ def expand_grouped_attention(gm: torch.fx.GraphModule) -> None:
         gm.recompile()
 
 
+_RESHAPES = (torch.ops.aten.view.default, torch.ops.aten.reshape.default, torch.ops.aten._unsafe_view.default)
+
+
+def unbroadcast_weight_matmuls(gm: torch.fx.GraphModule) -> None:
+    """Turn a batched matmul against a 2-D weight broadcast over the batch into one GEMM.
+
+    `linear` on a 3-D input that is not contiguous (nn.MultiheadAttention's in-projection of the
+    sequence-first query) decomposes into `bmm(x, expand(W.t(), [B, K, N]))`: the weight copied B
+    times. Exported as it is, TensorRT-RTX materialises that copy (a replicate kernel of the whole
+    weight per batch row: 27 of the 31 ms of a 12-layer ViT-B engine on an H200, against 1.4 ms
+    for the same model written with scaled_dot_product_attention). The same values come from
+    `mm(reshape(x, [B*M, K]), W.t())` reshaped to [B, M, N], which is a plain GEMM."""
+    aten = torch.ops.aten
+    changed = False
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target is not aten.bmm.default:
+            continue
+        x, w = node.args[:2]
+        weight = _broadcast_source(w)
+        out = node.meta.get("val")
+        if weight is None or not isinstance(x, torch.fx.Node) or not isinstance(out, torch.Tensor):
+            continue
+        k = weight.meta["val"].shape[0]
+        with gm.graph.inserting_before(node):
+            sizes = [gm.graph.call_function(aten.sym_size.int, (x, d)) if not isinstance(out.shape[d], int)
+                     else out.shape[d] for d in range(2)]
+            flat = gm.graph.call_function(aten.reshape.default, (x, [-1, k]))
+            product = gm.graph.call_function(aten.mm.default, (flat, weight))
+            folded = gm.graph.call_function(aten.reshape.default, (product, [*sizes, out.shape[2]]))
+        for new in (flat, product, folded):
+            new.meta["val"] = None
+        folded.meta["val"] = out
+        node.replace_all_uses_with(folded)
+        gm.graph.erase_node(node)
+        changed = True
+    if changed:
+        gm.graph.eliminate_dead_code()
+        gm.graph.lint()
+        gm.recompile()
+        _stats.count("weight_broadcasts_unfolded")
+
+
+def _broadcast_source(node: Any) -> torch.fx.Node | None:
+    """The 2-D tensor that `node` (views of an expand over a new leading dim) broadcasts, if it is one."""
+    while isinstance(node, torch.fx.Node) and node.op == "call_function" and node.target in _RESHAPES:
+        node = node.args[0]
+    if not (isinstance(node, torch.fx.Node) and node.op == "call_function"
+            and node.target is torch.ops.aten.expand.default):
+        return None
+    source = node.args[0]
+    val = source.meta.get("val") if isinstance(source, torch.fx.Node) else None
+    expanded = node.meta.get("val")
+    if not (isinstance(val, torch.Tensor) and isinstance(expanded, torch.Tensor)):
+        return None
+    if val.dim() != 2 or expanded.dim() != 3 or tuple(expanded.shape[1:]) != tuple(val.shape):
+        return None
+    return source if isinstance(source, torch.fx.Node) else None
+
+
 def _hint(size: Any) -> int | None:
     """A size's value, or the value traced for a symbolic one (None if it has none)."""
     if isinstance(size, int):
@@ -354,6 +413,7 @@ def export_region(gm: torch.fx.GraphModule, *, optimize: bool = True, keep_weigh
     tensor_args = tensors_only(gm)
     unfuse_attention(gm)
     expand_grouped_attention(gm)
+    unbroadcast_weight_matmuls(gm)
     placeholders = _placeholders(gm)
     inputs = tuple(_spec(f"input_{k}", placeholders[i].meta["val"]) for k, i in enumerate(tensor_args))
     output_node = next(n for n in gm.graph.nodes if n.op == "output")
