@@ -558,6 +558,13 @@ def environment() -> dict[str, Any]:
     return env
 
 
+def result_path(kind: str, env: dict[str, Any], folder: Path | None = None) -> Path:
+    """bench/results/<date>-<GPU or cpu>-<TensorRT-RTX major.minor.patch>-<kind>.json."""
+    version = ".".join(str(env.get("tensorrt_rtx", "0.0.0")).split(".")[:3])
+    device = str(env.get("gpu", "cpu")).replace(" ", "-")
+    return (folder or Path(__file__).parent / "results") / f"{env['date']}-{device}-{version}-{kind}.json"
+
+
 PEERS = ("inductor", "inductor-ro", "torch_tensorrt")
 
 

@@ -10,15 +10,17 @@ Prints the numbers and saves bench/results/<date>-<device>-<TensorRT-RTX version
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench
 from rtx_backend import _engine_cache, _files, _trust
 from rtx_backend._engine_cache import EngineCache, Entry, Key
 from rtx_backend._onnx_bridge import OnnxRegion, TensorSpec
@@ -92,27 +94,10 @@ def main() -> None:
     for k, v in result.items():
         print(f"{k}: {v * 1e6:.1f} us" if isinstance(v, float) and k.endswith("_s") else f"{k}: {v}")
     if not args.no_save:
-        env = result_env()
-        out = result_path("cache-auth-cost", env)
+        env = bench.environment()
+        out = bench.result_path("cache-auth-cost", env)
         out.write_text(json.dumps({"env": env, **result}, indent=2) + "\n")
         print(f"saved {out}")
-
-
-def result_env() -> dict:
-    """Where the numbers were measured: the date, this machine (cpu or the GPU's name) and versions."""
-    import platform
-
-    from rtx_backend import _trt
-
-    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
-    trt = _trt.version() if _trt.available() else "0.0.0"
-    return {"date": datetime.date.today().isoformat(), "gpu": gpu, "tensorrt_rtx": trt,
-            "torch": torch.__version__, "python": platform.python_version()}
-
-
-def result_path(kind: str, env: dict) -> Path:
-    version = ".".join(env["tensorrt_rtx"].split(".")[:3])
-    return Path(__file__).parent / "results" / f"{env['date']}-{env['gpu'].replace(' ', '-')}-{version}-{kind}.json"
 
 
 if __name__ == "__main__":

@@ -10,18 +10,21 @@ first cycle, after the last, and the growth as a share of the first cycle's.
 from __future__ import annotations
 
 import argparse
-import datetime
 import gc
 import json
 import os
 import platform
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 from torch import nn
 
+import bench
 import rtx_backend
 
 
@@ -81,27 +84,10 @@ def main() -> None:
     }
     print(json.dumps({k: v for k, v in result.items() if k != "rss_mb"}, indent=2))
     if not args.no_save:
-        env = result_env()
-        out = result_path("graph-cache-memory", env)
+        env = bench.environment()
+        out = bench.result_path("graph-cache-memory", env)
         out.write_text(json.dumps({"env": env, **result}, indent=2) + "\n")
         print(f"saved {out}")
-
-
-def result_env() -> dict:
-    """Where the numbers were measured: the date, this machine (cpu or the GPU's name) and versions."""
-    import platform
-
-    from rtx_backend import _trt
-
-    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
-    trt = _trt.version() if _trt.available() else "0.0.0"
-    return {"date": datetime.date.today().isoformat(), "gpu": gpu, "tensorrt_rtx": trt,
-            "torch": torch.__version__, "python": platform.python_version()}
-
-
-def result_path(kind: str, env: dict) -> Path:
-    version = ".".join(env["tensorrt_rtx"].split(".")[:3])
-    return Path(__file__).parent / "results" / f"{env['date']}-{env['gpu'].replace(' ', '-')}-{version}-{kind}.json"
 
 
 if __name__ == "__main__":

@@ -191,11 +191,10 @@ def test_a_corrupt_weight_table_is_a_miss_not_a_crash(tmp_path, caplog, table, w
     key = _engine_cache.Key("k" * 64, {"test": "corrupt"})
     chunks = _engine_cache.encode(key, Entry(region, b"engine", {}))
     header = json.loads(chunks[2])
-    header.pop("header_sha256")
     header["onnx"]["weights"] = table
-    header["header_sha256"] = _engine_cache._header_digest(header)  # a consistent but wrong header
-    head = json.dumps(header, sort_keys=True).encode()
-    data = b"".join(bytes(c) for c in [chunks[0], len(head).to_bytes(8, "little"), head, *chunks[3:]])
+    # a consistent, signed but wrong header: what our own writer would frame, had it a bug
+    framed = _engine_cache.framed_header(_engine_cache.MAGIC, header)
+    data = b"".join(bytes(c) for c in [*framed, *chunks[3:]])
     with pytest.raises(_engine_cache.CorruptEntry, match=why):
         _engine_cache.decode(data, key)
 

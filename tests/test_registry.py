@@ -69,9 +69,9 @@ def both(monkeypatch):
     monkeypatch.setattr(_exporter_ops, "registry", full)
     to_onnx = _onnx_bridge._to_onnx
 
-    def twice(exported, args, input_names, output_names, optimize):
+    def twice(exported, args, input_names, output_names, optimize, keep_weights=False):
         monkeypatch.setattr(torch.onnx, "export", public)
-        lazy = to_onnx(exported, args, input_names, output_names, optimize)
+        lazy = to_onnx(exported, args, input_names, output_names, optimize, keep_weights)
         assert public.calls == 0 and full.calls == 0, "the lazy registry was not the one used"
         monkeypatch.undo()  # the public path as it is
         reference = torch.onnx.export(exported, args, dynamo=True, input_names=input_names,
