@@ -367,9 +367,7 @@ def unbroadcast_weight_matmuls(gm: torch.fx.GraphModule) -> None:
             flat = gm.graph.call_function(aten.reshape.default, (x, [-1, k]))
             product = gm.graph.call_function(aten.mm.default, (flat, weight))
             folded = gm.graph.call_function(aten.reshape.default, (product, [*sizes, out.shape[2]]))
-        for new in (flat, product, folded):
-            new.meta["val"] = None
-        folded.meta["val"] = out
+        folded.meta["val"] = out  # what later passes read of the replaced node
         node.replace_all_uses_with(folded)
         gm.graph.erase_node(node)
         changed = True
