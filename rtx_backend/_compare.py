@@ -60,6 +60,7 @@ class OutputComparison:
     all_zero: bool  # the output is all zeros (and not empty)
     reference_all_zero: bool
     problem: str  # "" when it passes, else why not (shape, dtype, zeros, mismatches)
+    fp32: Fp32Judgment | None = None  # set where a low-precision output passed against an FP32 run
 
     @property
     def passed(self) -> bool:

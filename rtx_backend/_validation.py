@@ -124,11 +124,12 @@ class _Fp32Interpreter(torch.fx.Interpreter):
     def run_node(self, n: torch.fx.Node) -> Any:
         with self._set_current_node(n):
             args, kwargs = self.fetch_args_kwargs_from_env(n)
-            args, kwargs = torch.utils._pytree.tree_map(_upcast, (args, kwargs))
+            args, kwargs = torch.utils._pytree.tree_map(upcast, (args, kwargs))
             return getattr(self, n.op)(n.target, args, kwargs)
 
 
-def _upcast(value: Any) -> Any:
+def upcast(value: Any) -> Any:
+    """FP16/BF16 tensors and dtypes made FP32; anything else as it is."""
     if isinstance(value, torch.Tensor) and value.dtype in _UPCAST:
         return value.float()
     if isinstance(value, torch.dtype):

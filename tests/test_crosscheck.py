@@ -208,3 +208,68 @@ def test_gpu_three_way_report(cls, shape, dtype):
     print(f"\n== {cls.__name__} {str(dtype).removeprefix('torch.')} ==\n{report}")  # pytest -s shows it
     assert report.runtimes == ("onnxruntime", "tensorrt_rtx")
     assert report, str(report)
+
+
+def _fp16_pair(seed: int = 0):
+    """An FP32 result and two FP16 results of it with independent errors of the same size (as two
+    FP16 runtimes give): each is as close to FP32 as the other, yet they differ by more than the
+    default FP16 tolerances."""
+    g = torch.Generator().manual_seed(seed)
+    fp32 = torch.randn(64, 32, generator=g)
+    noisy = [(fp32 + 0.05 * torch.randn(64, 32, generator=g)).half() for _ in range(2)]
+    return fp32, noisy[0], noisy[1]
+
+
+def test_fp16_outputs_are_judged_against_fp32_when_they_miss_the_default_tolerances():
+    from rtx_backend._crosscheck import _compare_all, render
+
+    fp32, got, want = _fp16_pair()
+    plain = _compare_all([got], [want], "r", None, None)
+    assert not plain[0].passed  # the plain comparison alone calls it a disagreement
+    judged = _compare_all([got], [want], "r", None, None, lambda: [fp32])
+    assert judged[0].passed and judged[0].fp32 is not None
+    report = rtx_backend._crosscheck.CrosscheckReport(
+        (rtx_backend._crosscheck.RuntimeCheck("r", "onnxruntime", "pytorch", judged),), ("r",))
+    assert report and "ok vs FP32" in render(report)
+
+
+@pytest.mark.parametrize("case", ["far", "zeros", "user_atol"])
+def test_fp32_judgement_still_catches_what_is_wrong(case):
+    from rtx_backend._crosscheck import _compare_all
+
+    fp32, got, want = _fp16_pair(1)
+    atol = None
+    if case == "far":
+        got = (fp32 * 1.5).half()  # a wrong result: much further from FP32 than PyTorch's
+    elif case == "zeros":
+        got = torch.zeros_like(got)
+    else:
+        atol = 1e-3  # the user's own tolerance is the verdict
+    out = _compare_all([got], [want], "r", atol, None, lambda: [fp32])
+    assert not out[0].passed and out[0].fp32 is None
+
+
+class Cancellation(nn.Module):
+    """(1000 x + 1) - 1000 x: in FP16 each step rounds, so PyTorch's own result is off by up to
+    half a unit at 1000 (0.25), where an exact runtime gives 1."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (x * 1000 + 1) - x * 1000
+
+
+def test_crosscheck_judges_fp16_results_against_fp32_runs(monkeypatch):
+    # ONNX Runtime's result replaced by the exact one (as a runtime that keeps FP32 internally
+    # gives): it misses the FP16 tolerances around PyTorch's FP16 result, and is closer to FP32
+    torch.manual_seed(0)
+    x = torch.randn(8, 16).half()
+    exact = ((x.float() * 1000 + 1) - x.float() * 1000).half()
+    break_ort(monkeypatch, lambda o: exact.clone())
+    report = rtx_backend.crosscheck(Cancellation(), x, options=ORT)
+    assert report, str(report)
+    judged = [o for c in report.checks if not c.skipped for o in c.outputs if o.fp32 is not None]
+    assert {c.region for c in report.checks if not c.skipped and c.outputs[0].fp32 is not None} >= {"model"}
+    assert judged and all(o.mismatches for o in judged)
+    assert "ok vs FP32" in str(report)
+    # a wrong result is still caught: twice the exact one
+    break_ort(monkeypatch, lambda o: (exact * 2).clone())
+    assert not rtx_backend.crosscheck(Cancellation(), x, options=ORT)
