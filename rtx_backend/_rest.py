@@ -48,6 +48,8 @@ def for_regions(options: Options) -> Options:
     graph-cache entry are the same), without TensorRT-RTX's own CUDA graphs when inductor
     captures the whole graph (the engines run inside inductor's capture, which their own cannot
     nest in)."""
+    if not inductor(options):
+        return options
     graphs = "disabled" if options.cuda_graph_strategy == "whole_graph_capture" else options.cuda_graph_strategy
     return dataclasses.replace(options, rest="pytorch", cuda_graph_strategy=graphs)
 
