@@ -250,21 +250,27 @@ def _op_call(graph: torch.fx.Graph, node: torch.fx.Node, module: Any, args: list
     tensors: list[Any] = []
     ints: list[Any] = []
     layout: list[tuple[str, int]] = []
-    for old, new in zip(node.args, args):
+    onnx = getattr(module, "onnx", None)
+    # which arguments are tensors: the region's ONNX inputs say (a graph from the graph cache has
+    # no metadata); else the values the partitioner recorded
+    tensor_args = set(onnx.tensor_args) if onnx is not None else None
+    for i, (old, new) in enumerate(zip(node.args, args)):
         val = old.meta.get("val") if isinstance(old, torch.fx.Node) else old
-        if isinstance(val, torch.Tensor):
+        if (i in tensor_args) if tensor_args is not None else isinstance(val, torch.Tensor):
             layout.append(("t", len(tensors)))
             tensors.append(new)
-        elif isinstance(val, (int, torch.SymInt)) and not isinstance(val, bool):
-            layout.append(("i", len(ints)))
-            ints.append(new)
+        elif (isinstance(old, torch.fx.Node) if tensor_args is not None
+              else isinstance(val, (int, torch.SymInt)) and not isinstance(val, bool)):
+            layout.append(("i", len(ints)))  # (a region's non-tensor inputs are sizes: its ONNX model takes
+            ints.append(new)                 # none of them, and the op passes them as SymInt)
         else:
             raise Unsupported(f"region {node.target} takes {type(val).__name__} {old}; the region op takes "
                               "tensors and integers")
-    results = module.graph_module.graph.output_node().args[0]
-    for r in results if isinstance(results, (tuple, list)) else [results]:
-        if not (isinstance(r, torch.fx.Node) and isinstance(r.meta.get("val"), torch.Tensor)):
-            raise Unsupported(f"region {node.target} returns {r}, not a tensor; the region op returns tensors")
+    if onnx is None:
+        results = module.graph_module.graph.output_node().args[0]
+        for r in results if isinstance(results, (tuple, list)) else [results]:
+            if not (isinstance(r, torch.fx.Node) and isinstance(r.meta.get("val"), torch.Tensor)):
+                raise Unsupported(f"region {node.target} returns {r}, not a tensor; the region op returns tensors")
     call = RegionCall(module, layout, runner)
     calls.append(call)
     if ints:

@@ -33,7 +33,7 @@ from . import _stats
 from ._lowering import without_autocast
 from ._onnx_bridge import FROZEN
 from ._options import Options
-from ._region_op import RegionCall, as_op_graph
+from ._region_op import as_op_graph
 from ._runtime import RegionModule
 
 log = logging.getLogger("rtx_backend")

@@ -218,3 +218,17 @@ def test_gpu_dynamic_sweep_compiles_once_with_the_rest_in_inductor():
             x = torch.randn(b, s, 32, device="cuda", dtype=torch.float16)
             torch.testing.assert_close(compiled(x), model(x), atol=2e-2, rtol=2e-2)
     assert compiles() == 1
+
+
+def test_the_graph_cache_serves_the_rest_in_inductor(tmp_path):
+    torch.manual_seed(0)
+    model = eval_model(WithEagerOp())
+    options = {"engine_cache_dir": str(tmp_path / "engines"), "torch_executed_ops": ["aten.sigmoid"]}
+    run(model, [torch.randn(4, 16)], **options)
+    rtx_backend.stats()  # (waits for the cache writes)
+    torch._dynamo.reset()
+    rtx_backend.reset_stats()
+    regions = run(model, [torch.randn(4, 16)], **options)
+    stats = rtx_backend.stats()
+    assert stats.get("graph_cache_hits") == 1 and stats["rest_inductor_graphs"] == 1
+    assert regions and all(r.kind == "onnxruntime" for r in regions)
