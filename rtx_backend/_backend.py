@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from . import _engine_cache, _stats, _targets, _trt
+from . import _engine_cache, _rest, _stats, _targets, _trt
 from ._dump import dump_region
 from ._engine import EngineData, Network, Profile, build, parse_network
 from ._engine_cache import EngineCache, Validation
@@ -60,7 +60,7 @@ def trtrtx(
             "is on and an input or parameter requires grad), so it runs in PyTorch. Call the model "
             "under torch.no_grad() or torch.inference_mode() to run it on TensorRT-RTX."
         )
-        return gm.forward
+        return _rest.whole_graph(gm, example_inputs, opts, gm.forward) if _rest.inductor(opts) else gm.forward
     if any(isinstance(t, torch.Tensor) and t.is_meta for t in example_inputs):
         # no data to run on: PyTorch gives meta outputs of the right shapes and dtypes, as eager does
         log.info("trtrtx: this graph takes meta tensors; it runs in PyTorch (meta outputs, as in eager mode)")
@@ -85,22 +85,31 @@ def trtrtx(
         # pipeline (lowering, policy, partition): a working model must not become a crash.
         log.warning("trtrtx: this graph runs in PyTorch: compiling it failed (%s: %s)", type(exc).__name__, exc)
         log.debug("trtrtx: graph compilation failed", exc_info=exc)
-        return gm.forward
+        return _rest.whole_graph(gm, example_inputs, opts, gm.forward) if _rest.inductor(opts) else gm.forward
 
 
 def compile_or_reuse(
     gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: Options,
     roots: list[torch.fx.GraphModule] | None = None,
+    on_direct: Callable[[torch.fx.GraphModule], None] | None = None,
 ) -> Callable[..., Any]:
-    """The compiled graph from the graph cache, else lowered and compiled (and then cached).
-    `roots` gets the partitioned graph (whose regions froze the weights)."""
+    """The compiled graph from the graph cache, else lowered and compiled (and then cached);
+    with rest="inductor", compiled by inductor around its regions (_rest.py).
+    `roots` gets the partitioned graph (whose regions froze the weights); `on_direct` gets it
+    when the result runs it on Dynamo's inputs as they are (no aot_autograd wrapper around it)."""
     roots = roots if roots is not None else []
+    if _rest.inductor(options):
+        direct: list[torch.fx.GraphModule] = []
+        fn = compile_or_reuse(gm, example_inputs, _rest.for_regions(options), roots, direct.append)
+        return _rest.compile_rest(direct[0] if len(direct) == 1 else None, example_inputs, fn, options)
     graphs = GraphCache.for_options(options)
     key = graph_key(gm, example_inputs, options) if graphs is not None else None
     overrides = symbol_overrides(gm, options)  # the option names model inputs: map it on Dynamo's graph
     if graphs is not None and key is not None:
         reused = from_graph_cache(graphs, key, example_inputs, options, overrides, roots)
         if reused is not None:
+            if on_direct is not None:
+                on_direct(roots[-1])
             return reused
     plans: list[PartitionPlan] = []
     plain: list[bool] = []
@@ -108,6 +117,8 @@ def compile_or_reuse(
     fn = lower(gm, example_inputs, lambda aten_gm, args: compile_graph(aten_gm, args, options, overrides, plans.append),
                on_plain=lambda: plain.append(True))
     roots.extend(p.graph_module for p in plans)
+    if on_direct is not None and plain and len(plans) == 1:
+        on_direct(plans[0].graph_module)
     if graphs is not None and key is not None and plain and len(plans) == 1:
         if shape_state() == shapes:
             to_graph_cache(graphs, key, plans[0], example_inputs)

@@ -22,6 +22,7 @@ RUNTIMES = ("auto", "tensorrt_rtx", "onnxruntime")
 SPECIALIZATION_STRATEGIES = ("lazy", "eager", "none")
 CUDA_GRAPH_STRATEGIES = ("disabled", "whole_graph_capture")
 WEIGHT_MODES = ("checked", "frozen")
+RESTS = ("pytorch", "inductor")
 MAX_DIM = 2**31 - 1  # TensorRT-RTX dimensions are int32
 
 
@@ -84,6 +85,10 @@ class Options:
     """checked: every call checks that the weights the engines froze are the model's (same
     tensors, not changed in place) and refits the engines when they are not; frozen: no check,
     the engines answer with the weights of compile time (for deployment). See docs/weights.md."""
+    rest: Literal["pytorch", "inductor"] = "pytorch"
+    """What runs the graph outside the regions: pytorch (eager, as it comes from lowering), or
+    inductor (the graph compiled by inductor, regions as calls of the trtrtx::region op; a graph
+    that is not lowered and a region that falls back run inductor's code too). See docs/rest.md."""
 
     def __post_init__(self) -> None:
         # Validate (and normalize) here rather than in from_dict, so that Options(...) and
@@ -350,6 +355,7 @@ _VALIDATORS: dict[str, Any] = {
     "progress": _bool,
     "optimize_onnx": _bool,
     "weights": _choice(WEIGHT_MODES),
+    "rest": _choice(RESTS),
 }
 
 

@@ -78,6 +78,8 @@ BAD_VALUES = [
     ("dump_onnx_dir", 1.5, "path string"),
     ("weights", "refit", "checked"),
     ("weights", True, "frozen"),
+    ("rest", "tvm", "['pytorch', 'inductor']"),
+    ("rest", None, "inductor"),
 ]
 
 

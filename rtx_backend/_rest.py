@@ -1,0 +1,165 @@
+"""The rest: what does not run in a region, run by PyTorch (rest="pytorch") or inductor.
+
+With rest="inductor" the partitioned graph, its regions as calls of the region op
+(`_region_op`), is compiled by inductor; so is a graph whose lowering failed (instead of
+running eagerly), and a region that falls back to PyTorch runs inductor's code: inlined into
+the graph when it falls back at build time, compiled on its own (`torch.compile`) when it falls
+back later (first-call validation, a failing executor). Whatever inductor cannot compile runs in
+PyTorch, with one warning.
+
+Inductor is reached through its public entry points only: `torch._inductor.compile`
+(= compile_fx, what `backend="inductor"` runs) on the partitioned graph, with Dynamo's example
+inputs, once our own aot_autograd pass (lowering) has returned; and `torch.compile`. The
+partitioned ATen graph can be given to compile_fx as if it were Dynamo's graph because lowering
+checked that it takes Dynamo's inputs as they are (`_lowering.plain_calling_convention`); a
+graph that does not (input mutations, aliased outputs) keeps its rest in PyTorch.
+
+With cuda_graph_strategy="whole_graph_capture" (what mode="reduce-overhead" sets) inductor
+captures the whole graph in CUDA graphs (its cudagraph trees, `triton.cudagraphs`), the
+TensorRT-RTX enqueues included: the executors see the outer capture and use their context
+without TensorRT-RTX's own graphs, which are therefore not made (`for_regions`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from . import _stats
+from ._lowering import without_autocast
+from ._onnx_bridge import FROZEN
+from ._options import Options
+from ._region_op import as_op_graph
+from ._runtime import RegionModule
+
+log = logging.getLogger("rtx_backend")
+
+
+def inductor(options: Options) -> bool:
+    return options.rest == "inductor"
+
+
+def for_regions(options: Options) -> Options:
+    """The options the partitioned graph is made with: those of rest="pytorch" (its regions and
+    graph-cache entry are the same), without TensorRT-RTX's own CUDA graphs when inductor
+    captures the whole graph (the engines run inside inductor's capture, which their own cannot
+    nest in)."""
+    if not inductor(options):
+        return options
+    graphs = "disabled" if options.cuda_graph_strategy == "whole_graph_capture" else options.cuda_graph_strategy
+    return dataclasses.replace(options, rest="pytorch", cuda_graph_strategy=graphs)
+
+
+def _config(options: Options) -> dict[str, Any]:
+    return {"triton.cudagraphs": True} if options.cuda_graph_strategy == "whole_graph_capture" else {}
+
+
+def compile_rest(
+    gm: torch.fx.GraphModule | None, example_inputs: Sequence[Any], fn: Callable[..., Any], options: Options,
+) -> Callable[..., Any]:
+    """The partitioned graph `gm` (taking Dynamo's inputs as they are) compiled by inductor,
+    regions as op calls; `fn` (the rest in PyTorch) when there is no such graph or inductor fails."""
+    if gm is None:
+        _warn("this graph's rest runs in PyTorch: lowering changed its calling convention (input mutations "
+              "or aliased outputs), which the partitioned graph cannot be compiled with")
+        return fn
+    try:
+        op_gm, calls = as_op_graph(gm, _fallback_runner)
+        _unfreeze(op_gm)
+        compiled = torch._inductor.compile(op_gm, list(example_inputs), options=_config(options))
+    except torch._dynamo.exc.TorchDynamoException:
+        raise  # Dynamo's control flow (a restart: inductor tensorifies float scalars): not a failure
+    except Exception as exc:
+        if options.strict:
+            raise
+        _warn(f"inductor could not compile this graph's rest; it runs in PyTorch ({type(exc).__name__}: {exc})")
+        log.debug("trtrtx: inductor failed on the rest", exc_info=exc)
+        return fn
+    _stats.count("rest_inductor_graphs")
+    run = without_autocast(compiled)  # (as aot_autograd's wrapper runs the partitioned graph)
+    # what the region op's table refers to only weakly: the region calls, and the partitioned
+    # graph that owns the region modules
+    run.trtrtx_regions = (calls, gm)  # type: ignore[attr-defined]
+    return run
+
+
+def whole_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: Options,
+                eager: Callable[..., Any]) -> Callable[..., Any]:
+    """Dynamo's graph compiled by inductor (a graph trtrtx did not lower); `eager` if inductor fails."""
+    try:
+        compiled = torch._inductor.compile(gm, list(example_inputs), options=_config(options))
+    except torch._dynamo.exc.TorchDynamoException:
+        raise
+    except Exception as exc:
+        _warn(f"inductor could not compile this graph either; it runs in PyTorch ({type(exc).__name__}: {exc})")
+        log.debug("trtrtx: inductor failed on the graph", exc_info=exc)
+        return eager
+    _stats.count("rest_inductor_whole_graphs")
+    return compiled  # type: ignore[no-any-return]
+
+
+def _fallback_runner(module: Any) -> Callable[..., Any] | None:
+    """How the op runs a region: None (inline it) for one that already runs in PyTorch; else a
+    runner that sends the region through inductor once it falls back to PyTorch."""
+    if not isinstance(module, RegionModule) or module.kind == "pytorch":
+        return None
+    return _InductorFallback(module)
+
+
+class _InductorFallback:
+    """The region module; once it runs in PyTorch (validation failed, the executor failed), its
+    FX graph compiled by inductor instead (torch.compile, dynamic where the region is)."""
+
+    def __init__(self, module: RegionModule) -> None:
+        self.module = module
+        self.compiled: Callable[..., Any] | None = None
+
+    def __call__(self, *args: Any) -> Any:
+        module = self.module
+        if module.executor.kind != "pytorch":
+            return module(*args)
+        if self.compiled is None:
+            dynamic = bool(module.onnx is not None and module.onnx.dynamic)
+            self.compiled = torch.compile(module.graph_module, backend="inductor", dynamic=dynamic or None)
+            _stats.count("rest_inductor_region_fallbacks")
+        try:
+            return self.compiled(*args)
+        except Exception as exc:
+            _warn(f"inductor could not compile region {module.name}, which fell back to PyTorch; it runs in "
+                  f"PyTorch ({type(exc).__name__}: {exc})")
+            self.compiled = module.graph_module
+            return module.graph_module(*args)
+
+
+def _unfreeze(gm: torch.fx.GraphModule) -> None:
+    """Give the rest the weights as Dynamo passes them (its inputs) instead of the constants
+    lowering froze: inductor then reads the live weights, as the PyTorch rest does, and treats
+    them as the static inputs they are (no copies into CUDA graphs)."""
+    placeholders = list(gm.graph.find_nodes(op="placeholder"))
+    for node in list(gm.graph.find_nodes(op="get_attr")):
+        match = FROZEN.search(str(node.target))
+        index = int(match.group(1)) if match else None
+        if index is None or index >= len(placeholders):
+            continue
+        value, ph = getattr(gm, str(node.target), None), placeholders[index]
+        val = ph.meta.get("val")
+        if not (isinstance(value, torch.Tensor) and isinstance(val, torch.Tensor)
+                and val.shape == value.shape and val.dtype == value.dtype):
+            continue
+        node.replace_all_uses_with(ph)
+        gm.graph.erase_node(node)
+    gm.graph.lint()
+    gm.recompile()
+
+
+_WARNED: set[str] = set()
+
+
+def _warn(message: str) -> None:
+    if message not in _WARNED:
+        _WARNED.add(message)
+        log.warning("trtrtx: %s", message)

@@ -1,0 +1,234 @@
+"""rest="inductor": inductor compiles what stays in PyTorch, regions as calls of the region op.
+
+On the CPU the regions run in ONNX Runtime and inductor's code is C++ (it needs a C++ compiler;
+the tests skip without one). Each path that leads to PyTorch code has a test: the rest around
+the regions, a graph whose lowering failed, a region that fell back at build, validation and
+call time; and dynamic shapes with one compile.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+import rtx_backend
+from rtx_backend import _backend, _rest
+from rtx_backend._errors import OptionsError
+from rtx_backend._executors import OrtExecutor
+from rtx_backend._options import Options, options_for_mode
+from rtx_backend._record import recording
+
+from .models import MLP, ConvNet, WithEagerOp, eval_model
+from .test_dynamic import SWEEP, Block, compiles, size_oblivious
+
+pytestmark = pytest.mark.skipif(
+    shutil.which("g++") is None and shutil.which("c++") is None and shutil.which("clang++") is None,
+    reason="inductor's CPU code needs a C++ compiler (g++, c++ or clang++), and none is on PATH")
+
+SM86 = [(8, 6)]
+BASE = {"engine_cache_dir": "", "runtime_cache_path": "", "min_block_size": 1, "rest": "inductor",
+        "target_compute_capabilities": SM86}
+
+
+def run(model: nn.Module, inputs: list[torch.Tensor], atol: float = 1e-4, **options: Any) -> list[Any]:
+    """Compile with rest="inductor", check each call against eager; the compiled regions."""
+    compiled = torch.compile(model, backend="trtrtx", options={**BASE, **options})
+    with torch.no_grad(), recording() as graphs:
+        for x in inputs:
+            torch.testing.assert_close(compiled(x), model(x), atol=atol, rtol=atol)
+    return [r for g in graphs for r in g.regions]
+
+
+# ---- options ------------------------------------------------------------------------------------
+
+def test_rest_option_is_validated():
+    assert Options.from_dict({"rest": "Inductor"}).rest == "inductor"
+    assert Options().rest == "pytorch"
+    with pytest.raises(OptionsError, match=r"rest='tvm' is not valid; choose one of \['pytorch', 'inductor'\]"):
+        Options.from_dict({"rest": "tvm"})
+    with pytest.raises(OptionsError):
+        Options(rest=None)  # type: ignore[arg-type]
+
+
+def test_reduce_overhead_with_the_rest_in_inductor_is_inductors_cuda_graphs():
+    ro = options_for_mode("reduce-overhead")
+    assert ro.cuda_graph_strategy == "whole_graph_capture" and ro.rest == "pytorch"
+    # rest="pytorch": TensorRT-RTX's own graphs, per engine (unchanged)
+    assert _rest.for_regions(ro).cuda_graph_strategy == "whole_graph_capture"
+    both = Options(rest="inductor", cuda_graph_strategy="whole_graph_capture")
+    # rest="inductor": inductor captures the whole graph; the engines do not capture themselves inside it
+    assert _rest._config(both) == {"triton.cudagraphs": True}
+    regions = _rest.for_regions(both)
+    assert regions.cuda_graph_strategy == "disabled" and regions.rest == "pytorch"
+
+
+# ---- the rest around the regions ----------------------------------------------------------------
+
+@pytest.mark.parametrize("factory, shape, options", [
+    (MLP, (4, 16), {}),
+    (WithEagerOp, (4, 16), {"torch_executed_ops": ["aten.sigmoid"]}),
+    (ConvNet, (2, 3, 16, 16), {"torch_executed_ops": ["aten.max_pool2d_with_indices"]}),
+], ids=["mlp", "eager-op-between-regions", "convnet"])
+def test_the_same_graphs_compile_with_the_rest_in_inductor_and_match_eager(factory, shape, options):
+    torch.manual_seed(0)
+    model = eval_model(factory())
+    regions = run(model, [torch.randn(shape), torch.randn(shape)], **options)
+    assert regions and all(r.kind == "onnxruntime" for r in regions)
+    assert rtx_backend.stats()["rest_inductor_graphs"] == 1
+
+
+def test_gemms_kept_in_pytorch_run_in_inductor():
+    """The Turing-like partition: every GEMM in PyTorch, the rest between them in regions."""
+    torch.manual_seed(0)
+    model = eval_model(MLP())
+    run(model, [torch.randn(4, 16)], torch_executed_ops=["aten.addmm", "aten.mm"])
+    assert rtx_backend.stats()["rest_inductor_graphs"] == 1
+
+
+def test_dynamic_shapes_compile_once():
+    torch.manual_seed(0)
+    model = Block().eval()
+    compiled = torch.compile(model, backend="trtrtx", dynamic=True,
+                             options={**BASE, "torch_executed_ops": ["aten._softmax"]})
+    with size_oblivious(), torch.no_grad(), recording() as graphs:
+        for b, s in SWEEP[:8]:
+            x = torch.randn(b, s, 32)
+            torch.testing.assert_close(compiled(x), model(x), atol=1e-4, rtol=1e-4, msg=f"shape {(b, s)}")
+    assert compiles() == 1, rtx_backend.stats()  # 0 recompiles over the sweep
+    # (inductor tensorifies float scalars by restarting Dynamo's analysis once: a graph
+    # recorded before the restart, then the one that runs)
+    assert graphs[-1].regions and all(r.onnx.dynamic for r in graphs[-1].regions)
+    assert rtx_backend.stats()["rest_inductor_graphs"] == 1
+
+
+# ---- fallbacks: each leads to inductor's code -----------------------------------------------------
+
+def test_a_graph_whose_lowering_failed_runs_in_inductor(monkeypatch, caplog):
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("lowering broke")
+
+    monkeypatch.setattr(_backend, "lower", broken)
+    torch.manual_seed(0)
+    with caplog.at_level(logging.WARNING, logger="rtx_backend"):
+        run(eval_model(MLP()), [torch.randn(4, 16)])
+    assert "this graph runs in PyTorch: compiling it failed (RuntimeError: lowering broke)" in caplog.text
+    assert rtx_backend.stats()["rest_inductor_whole_graphs"] == 1
+
+
+def test_a_region_that_fails_to_build_is_inlined_into_inductors_graph(monkeypatch):
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("export broke")
+
+    monkeypatch.setattr(_backend, "export_and_build", broken)
+    torch.manual_seed(0)
+    regions = run(eval_model(WithEagerOp()), [torch.randn(4, 16)], torch_executed_ops=["aten.sigmoid"])
+    assert len(regions) == 2 and all(r.kind == "pytorch" for r in regions)
+    assert rtx_backend.stats()["rest_inductor_graphs"] == 1
+
+
+def test_a_region_that_fails_at_call_time_runs_in_inductor_from_then_on(monkeypatch, caplog):
+    calls = {"n": 0}
+    real = OrtExecutor.__call__
+
+    def flaky(self: OrtExecutor, tensors: Any) -> Any:
+        calls["n"] += 1
+        if calls["n"] > 2:  # the first call (validated) works, then the executor fails
+            raise RuntimeError("ORT broke")
+        return real(self, tensors)
+
+    monkeypatch.setattr(OrtExecutor, "__call__", flaky)
+    torch.manual_seed(0)
+    model = eval_model(WithEagerOp())
+    with caplog.at_level(logging.WARNING, logger="rtx_backend"):
+        regions = run(model, [torch.randn(4, 16) for _ in range(4)], torch_executed_ops=["aten.sigmoid"])
+    assert "ORT broke" in caplog.text
+    assert any(r.kind == "pytorch" for r in regions)
+    assert rtx_backend.stats()["rest_inductor_region_fallbacks"] >= 1
+
+
+def test_a_region_that_fails_validation_runs_in_inductor(monkeypatch):
+    real = OrtExecutor.__call__
+
+    def wrong(self: OrtExecutor, tensors: Any) -> Any:
+        return [torch.zeros_like(t) + 3.0 for t in real(self, tensors)]
+
+    monkeypatch.setattr(OrtExecutor, "__call__", wrong)
+    torch.manual_seed(0)
+    regions = run(eval_model(MLP()), [torch.randn(4, 16) for _ in range(3)])
+    assert regions and all(r.kind == "pytorch" for r in regions)
+    assert rtx_backend.stats()["rest_inductor_region_fallbacks"] == len(regions)
+
+
+def test_inductor_failing_on_the_rest_is_one_warning_and_pytorch(monkeypatch, caplog):
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("inductor broke")
+
+    monkeypatch.setattr(torch._inductor, "compile", broken)
+    torch.manual_seed(0)
+    model = eval_model(WithEagerOp())
+    with caplog.at_level(logging.WARNING, logger="rtx_backend"):
+        regions = run(model, [torch.randn(4, 16), torch.randn(4, 16)], torch_executed_ops=["aten.sigmoid"])
+    assert regions and all(r.kind == "onnxruntime" for r in regions)
+    warnings = [r for r in caplog.records if "inductor could not compile" in r.getMessage()]
+    assert len(warnings) == 1 and "RuntimeError: inductor broke" in warnings[0].getMessage()
+    assert "rest_inductor_graphs" not in rtx_backend.stats()
+
+
+# ---- GPU: TensorRT-RTX engines inside inductor's code ---------------------------------------------
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("graphs", ["disabled", "whole_graph_capture"])
+def test_gpu_engines_run_inside_inductor(graphs):
+    """Regions on TensorRT-RTX, the rest in inductor (Triton); with whole_graph_capture the whole
+    graph in inductor's CUDA graphs, the engines' enqueues recorded in them."""
+    torch.manual_seed(0)
+    model = eval_model(WithEagerOp(), torch.float16, "cuda")
+    compiled = torch.compile(model, backend="trtrtx", options={
+        "min_block_size": 1, "runtime": "tensorrt_rtx", "rest": "inductor", "cuda_graph_strategy": graphs,
+        "torch_executed_ops": ["aten.sigmoid"]})
+    with torch.no_grad(), recording() as records:
+        for _ in range(6):  # cudagraph trees: warm-up, record, then replays
+            x = torch.randn(8, 16, device="cuda", dtype=torch.float16)
+            torch.testing.assert_close(compiled(x).clone(), model(x), atol=2e-2, rtol=2e-2)
+    regions = [r for g in records for r in g.regions]
+    assert regions and all(r.kind == "tensorrt_rtx" for r in regions)
+    assert all(not r.capture_fallback_said for r in regions)  # recorded, not a PyTorch fallback
+    assert all(not r.executor.native_graphs for r in regions)  # no native capture inside inductor's
+    assert rtx_backend.stats()["rest_inductor_graphs"] == 1
+    if graphs == "whole_graph_capture":
+        from torch._dynamo.utils import counters
+
+        assert not counters["inductor"]["cudagraph_skips"], dict(counters["inductor"])
+
+
+@pytest.mark.gpu
+def test_gpu_dynamic_sweep_compiles_once_with_the_rest_in_inductor():
+    torch.manual_seed(0)
+    model = Block().eval().cuda().half()
+    compiled = torch.compile(model, backend="trtrtx", dynamic=True, options={
+        "runtime": "tensorrt_rtx", "rest": "inductor", "min_block_size": 1,
+        "torch_executed_ops": ["aten._softmax"]})
+    with size_oblivious(), torch.no_grad():
+        for b, s in SWEEP:
+            x = torch.randn(b, s, 32, device="cuda", dtype=torch.float16)
+            torch.testing.assert_close(compiled(x), model(x), atol=2e-2, rtol=2e-2)
+    assert compiles() == 1
+
+
+def test_the_graph_cache_serves_the_rest_in_inductor(tmp_path):
+    torch.manual_seed(0)
+    model = eval_model(WithEagerOp())
+    options = {"engine_cache_dir": str(tmp_path / "engines"), "torch_executed_ops": ["aten.sigmoid"]}
+    run(model, [torch.randn(4, 16)], **options)
+    rtx_backend.stats()  # (waits for the cache writes)
+    torch._dynamo.reset()
+    rtx_backend.reset_stats()
+    regions = run(model, [torch.randn(4, 16)], **options)
+    stats = rtx_backend.stats()
+    assert stats.get("graph_cache_hits") == 1 and stats["rest_inductor_graphs"] == 1
+    assert regions and all(r.kind == "onnxruntime" for r in regions)
