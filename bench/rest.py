@@ -31,7 +31,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -64,7 +64,8 @@ GEMM_OPS = [f"aten.{n}" for n in ("mm", "bmm", "addmm", "baddbmm", "matmul", "li
             if hasattr(torch.ops.aten, n)]
 
 
-def backends(cache: str, extra: dict[str, Any], peers: bool) -> dict[str, Callable[[Any], Callable[..., Any]]]:
+def backends(cache: str, extra: dict[str, Any], peers: bool,
+             only: Sequence[str] = ()) -> dict[str, Callable[[Any], Callable[..., Any]]]:
     base = {"min_block_size": 1, "engine_cache_dir": str(Path(cache) / "engines"),
             "runtime_cache_path": str(Path(cache) / "runtime.cache"), **extra}
     if torch.cuda.is_available():
@@ -83,7 +84,10 @@ def backends(cache: str, extra: dict[str, Any], peers: bool) -> dict[str, Callab
     if torch.cuda.is_available():
         table["trtrtx-cg"] = trtrtx(rest="pytorch", cuda_graph_strategy="whole_graph_capture")
         table["trtrtx-inductor-cg"] = trtrtx(rest="inductor", cuda_graph_strategy="whole_graph_capture")
-    return table
+    table["trtrtx-fastest" + ("-cg" if torch.cuda.is_available() else "")] = trtrtx(
+        rest="inductor", fastest=True,
+        **({"cuda_graph_strategy": "whole_graph_capture"} if torch.cuda.is_available() else {}))
+    return {b: f for b, f in table.items() if not only or b in only}
 
 
 def measure(name: str, model: Any, x: tuple[torch.Tensor, ...], ref: torch.Tensor,
@@ -135,7 +139,7 @@ def measure(name: str, model: Any, x: tuple[torch.Tensor, ...], ref: torch.Tenso
     best_inductor = min((rows[b]["median_ms"] for b in ("inductor", "inductor-ro") if "median_ms" in rows.get(b, {})),
                         default=None)
     summary: dict[str, Any] = {}
-    for b in ("trtrtx", "trtrtx-inductor", "trtrtx-cg", "trtrtx-inductor-cg"):
+    for b in ("trtrtx", "trtrtx-inductor", "trtrtx-cg", "trtrtx-inductor-cg", "trtrtx-fastest", "trtrtx-fastest-cg"):
         if best_inductor and "median_ms" in rows.get(b, {}):
             summary[f"{b}_vs_best_inductor"] = round(rows[b]["median_ms"] / best_inductor, 3)
     if "median_ms" in rows.get("trtrtx", {}) and "median_ms" in rows.get("trtrtx-inductor", {}):
@@ -201,6 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--iters", type=int, default=50)
     parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--backends", default="", help="comma-separated subset of the backends (default: all)")
     args = parser.parse_args(argv)
     if args.gpu and not torch.cuda.is_available():
         parser.error("--gpu needs CUDA")
@@ -226,7 +231,8 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             with tempfile.TemporaryDirectory() as cache:
                 extra = {"torch_executed_ops": GEMM_OPS} if part == "turing" else {}
-                table = backends(cache, extra, peers=not args.smoke or part == "fallback")
+                table = backends(cache, extra, peers=not args.smoke or part == "fallback",
+                                 only=[b for b in args.backends.split(",") if b])
                 model, x, ref = load(name, size, args.batch, dtype, device)
                 with failing_lowering() if part == "fallback" else contextlib.nullcontext():
                     config = measure(name, model, x, ref, table, args.rounds, args.iters)

@@ -390,16 +390,35 @@ class EngineCache:
     def validated_on(self, key: Key) -> list[str]:
         """The GPUs and drivers this entry's engine passed first-call validation on; none when
         the record is missing or unreadable (then the engine is checked again)."""
+        loaded = self._record(key).get("validated_on")
+        return [s for s in loaded if isinstance(s, str)] if isinstance(loaded, list) else []
+
+    def _record(self, key: Key) -> dict[str, Any]:
+        """The entry's record beside its engine (validations, choices); empty when missing or
+        unreadable (then what it held is found again)."""
         try:
             data = _files.read_bytes(self.validation_path(key))
             if data is None:
-                return []
-            loaded = read_header(data, VALIDATED_MAGIC, key, FORMAT)[0]["validated_on"]
+                return {}
+            record = read_header(data, VALIDATED_MAGIC, key, FORMAT)[0]
         except (OSError, CorruptEntry, KeyError, TypeError) as exc:
             log.warning("trtrtx: the validation record of engine cache entry %s is not used (%s); its engine "
                         "is checked again", key.name, exc)
-            return []
-        return [s for s in loaded if isinstance(s, str)] if isinstance(loaded, list) else []
+            return {}
+        return record if isinstance(record, dict) else {}
+
+    def _update_record(self, key: Key, change: Callable[[dict[str, Any]], bool]) -> None:
+        """Read the entry's record, let `change` edit it (False: nothing to write), write it."""
+        if not self.path(key).exists():
+            return
+        record = {"validated_on": [], **self._record(key), "format": FORMAT, "key": key.name, "fields": key.fields}
+        if not change(record):
+            return
+        try:  # two processes recording at once may keep one of the two: it is found again
+            _files.atomic_write(self.validation_path(key), framed_header(VALIDATED_MAGIC, record),
+                                lock=self.directory / ".lock")
+        except (OSError, filelock.Timeout, ValueError) as exc:
+            log.debug("trtrtx: cannot update the record of %s: %s", key.name, exc)
 
     def validated_here(self, key: Key) -> bool:
         """Whether this entry's engine has passed first-call validation on this GPU and driver
@@ -410,17 +429,32 @@ class EngineCache:
     def mark_validated(self, key: Key) -> None:
         """Record that this entry's engine agreed with PyTorch on this GPU and driver."""
         here = validation_identity()
-        if here is None or not self.path(key).exists():
+        if here is None:
             return
-        seen = self.validated_on(key)
-        if here in seen:
-            return
-        try:  # two processes recording at once may keep one GPU of the two: it is checked again
-            record = {"format": FORMAT, "key": key.name, "fields": key.fields, "validated_on": [*seen, here]}
-            _files.atomic_write(self.validation_path(key), framed_header(VALIDATED_MAGIC, record),
-                                lock=self.directory / ".lock")
-        except (OSError, filelock.Timeout, ValueError) as exc:
-            log.debug("trtrtx: cannot record the validation of %s: %s", key.name, exc)
+
+        def add(record: dict[str, Any]) -> bool:
+            loaded = record.get("validated_on")
+            seen = [s for s in loaded if isinstance(s, str)] if isinstance(loaded, list) else []
+            record["validated_on"] = [*seen, here] if here not in seen else seen
+            return here not in seen
+
+        self._update_record(key, add)
+
+    def choice(self, key: Key, here: str) -> dict[str, Any] | None:
+        """What was recorded for this entry on machine `here` by `record_choice`, or None."""
+        choices = self._record(key).get("choices")
+        found = choices.get(here) if isinstance(choices, dict) else None
+        return found if isinstance(found, dict) else None
+
+    def record_choice(self, key: Key, here: str, value: dict[str, Any]) -> None:
+        """Keep `value` (plain JSON) for this entry on machine `here` (see `_choices`)."""
+
+        def put(record: dict[str, Any]) -> bool:
+            choices = record.get("choices")
+            record["choices"] = {**(choices if isinstance(choices, dict) else {}), here: value}
+            return True
+
+        self._update_record(key, put)
 
     def evict(self, keep: Path, lock: Path) -> None:
         """Remove the least recently used entries until the directory fits the size limit. Only

@@ -89,12 +89,19 @@ class Options:
     """What runs the graph outside the regions: pytorch (eager, as it comes from lowering), or
     inductor (the graph compiled by inductor, regions as calls of the trtrtx::region op; a graph
     that is not lowered and a region that falls back run inductor's code too). See docs/rest.md."""
+    fastest: bool = False
+    """With rest="inductor": time each region's engine against inductor's code for it on its
+    first calls and keep the faster (the decision is stored beside the engine, per GPU and
+    driver). See docs/rest.md."""
 
     def __post_init__(self) -> None:
         # Validate (and normalize) here rather than in from_dict, so that Options(...) and
         # dataclasses.replace(...) cannot produce an unchecked value either.
         for f in dataclasses.fields(self):
             object.__setattr__(self, f.name, _VALIDATORS[f.name](f.name, getattr(self, f.name)))
+        if self.fastest and self.rest != "inductor":
+            raise OptionsError("option 'fastest' chooses between a region's engine and inductor's code for it, "
+                               "so it needs rest='inductor'; set rest='inductor' or leave fastest out")
 
     @classmethod
     def from_dict(cls, options: Mapping[str, Any] | Options | None) -> Options:
@@ -356,6 +363,7 @@ _VALIDATORS: dict[str, Any] = {
     "optimize_onnx": _bool,
     "weights": _choice(WEIGHT_MODES),
     "rest": _choice(RESTS),
+    "fastest": _bool,
 }
 
 

@@ -3,7 +3,7 @@
     with rtx_backend.recording() as rec:
         y = compiled(x)              # the first call compiles, then runs
     print(rec)                       # one line per region
-    rec.regions[0].runtime           # "TensorRT-RTX", "ONNX Runtime" or "PyTorch"
+    rec.regions[0].runtime           # "TensorRT-RTX", "ONNX Runtime", "PyTorch" or "inductor"
     rec.regions[0].why               # why not TensorRT-RTX ("" when it runs there)
 
 `explain` says what trtrtx would do before anything is built; this says what it did. The
@@ -22,7 +22,8 @@ from typing import Any
 
 from . import _record
 
-RUNTIMES = {"tensorrt_rtx": "TensorRT-RTX", "onnxruntime": "ONNX Runtime", "pytorch": "PyTorch"}
+RUNTIMES = {"tensorrt_rtx": "TensorRT-RTX", "onnxruntime": "ONNX Runtime", "pytorch": "PyTorch",
+            "inductor": "inductor"}
 ENGINE_SOURCES = {"built": "built", "engine cache": "loaded from the engine cache", "": "none"}
 
 
@@ -32,7 +33,7 @@ class RegionRecord:
 
     graph: int
     name: str
-    runtime: str  # "TensorRT-RTX", "ONNX Runtime" or "PyTorch"
+    runtime: str  # "TensorRT-RTX", "ONNX Runtime", "PyTorch" or "inductor" (option fastest)
     why: str  # why it does not run on TensorRT-RTX; "" when it does
     engine: str  # "built", "loaded from the engine cache" or "none"
     engine_bytes: int  # size of the serialized engine (0: none)
@@ -138,7 +139,8 @@ def _graph_record(index: int, graph: _record.CompiledGraph) -> GraphRecord:
 
 
 def _region_record(index: int, module: Any) -> RegionRecord:
-    runtime = RUNTIMES.get(module.kind, module.kind)
+    kind = "inductor" if getattr(module, "chosen", "") == "inductor" else module.kind
+    runtime = RUNTIMES.get(kind, kind)
     engine = getattr(module, "engine", None)
     source = getattr(module, "engine_source", "") if engine is not None else ""
     why = "" if runtime == RUNTIMES["tensorrt_rtx"] else (getattr(module, "why", "") or "unknown")

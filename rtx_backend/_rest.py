@@ -23,18 +23,20 @@ without TensorRT-RTX's own graphs, which are therefore not made (`for_regions`).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
-from . import _stats
+from . import _choices, _stats
 from ._lowering import without_autocast
 from ._onnx_bridge import FROZEN
 from ._options import Options
 from ._region_op import as_op_graph
 from ._runtime import RegionModule
+from ._validation import capturing
 
 log = logging.getLogger("rtx_backend")
 
@@ -51,7 +53,7 @@ def for_regions(options: Options) -> Options:
     if not inductor(options):
         return options
     graphs = "disabled" if options.cuda_graph_strategy == "whole_graph_capture" else options.cuda_graph_strategy
-    return dataclasses.replace(options, rest="pytorch", cuda_graph_strategy=graphs)
+    return dataclasses.replace(options, rest="pytorch", fastest=False, cuda_graph_strategy=graphs)
 
 
 def _config(options: Options) -> dict[str, Any]:
@@ -68,7 +70,7 @@ def compile_rest(
               "or aliased outputs), which the partitioned graph cannot be compiled with")
         return fn
     try:
-        op_gm, calls = as_op_graph(gm, _fallback_runner)
+        op_gm, calls = as_op_graph(gm, functools.partial(_runner, options=options))
         _unfreeze(op_gm)
         compiled = torch._inductor.compile(op_gm, list(example_inputs), options=_config(options))
     except torch._dynamo.exc.TorchDynamoException:
@@ -102,37 +104,102 @@ def whole_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options
     return compiled  # type: ignore[no-any-return]
 
 
-def _fallback_runner(module: Any) -> Callable[..., Any] | None:
+def _runner(module: Any, options: Options) -> Callable[..., Any] | None:
     """How the op runs a region: None (inline it) for one that already runs in PyTorch; else a
-    runner that sends the region through inductor once it falls back to PyTorch."""
+    runner that sends the region through inductor once it falls back to PyTorch, and (option
+    fastest) through inductor when inductor's code for it is the faster."""
     if not isinstance(module, RegionModule) or module.kind == "pytorch":
         return None
-    return _InductorFallback(module)
+    return _RegionRunner(module, options)
 
 
-class _InductorFallback:
+class _RegionRunner:
     """The region module; once it runs in PyTorch (validation failed, the executor failed), its
-    FX graph compiled by inductor instead (torch.compile, dynamic where the region is)."""
+    FX graph compiled by inductor instead (torch.compile, dynamic where the region is).
 
-    def __init__(self, module: RegionModule) -> None:
+    With options.fastest, the first call whose executor has passed its first-call check (that
+    call's own, or an earlier one), outside any CUDA graph capture, then times the executor
+    against inductor's code for the region on that call's inputs and keeps the faster from then
+    on (so that inductor's CUDA graphs, whose warm-up call is the first, record the faster); the decision is stored beside the
+    engine (its engine-cache entry's record, per GPU and driver), so a later process compiles
+    inductor's code only where it is the faster, and times nothing."""
+
+    def __init__(self, module: RegionModule, options: Options) -> None:
         self.module = module
+        self.options = options
         self.compiled: Callable[..., Any] | None = None
+        self.use_inductor: bool | None = None if options.fastest else False
+        if options.fastest:
+            known = _choices.recorded(options, module.engine_key)
+            if known is not None:
+                self._decide(known, "recorded")
 
     def __call__(self, *args: Any) -> Any:
         module = self.module
-        if module.executor.kind != "pytorch":
-            return module(*args)
+        if module.executor.kind == "pytorch" or self.use_inductor:
+            return self._inductor(*args)
+        outputs = module(*args)
+        if self.use_inductor is None and self._ready(args):  # timed after the call's own check
+            self._choose(args)
+        return outputs
+
+    def _inductor(self, *args: Any) -> Any:
+        module = self.module
         if self.compiled is None:
-            dynamic = bool(module.onnx is not None and module.onnx.dynamic)
-            self.compiled = torch.compile(module.graph_module, backend="inductor", dynamic=dynamic or None)
-            _stats.count("rest_inductor_region_fallbacks")
+            self.compiled = self._compile()
+            if module.executor.kind == "pytorch":
+                _stats.count("rest_inductor_region_fallbacks")
         try:
             return self.compiled(*args)
         except Exception as exc:
-            _warn(f"inductor could not compile region {module.name}, which fell back to PyTorch; it runs in "
-                  f"PyTorch ({type(exc).__name__}: {exc})")
+            _warn(f"inductor could not compile region {module.name}; it runs in "
+                  f"{'PyTorch' if module.executor.kind == 'pytorch' else module.kind} ({type(exc).__name__}: {exc})")
             self.compiled = module.graph_module
+            if module.executor.kind != "pytorch":
+                self.use_inductor = False
+                return module(*args)
             return module.graph_module(*args)
+
+    def _ready(self, args: Sequence[Any]) -> bool:
+        """Whether this call can time the region: its executor has passed its first-call check
+        (or needs none), and no CUDA graph is being captured."""
+        module = self.module
+        checked = not module.validate or module.checked is module.executor
+        return checked and not capturing(args)
+
+    def _choose(self, args: Sequence[Any]) -> None:
+        module = self.module
+        try:
+            self._inductor_or_raise(args)
+            timing = _choices.time_both(lambda: module(*args), lambda: self.compiled(*args))  # type: ignore[misc]
+        except Exception as exc:  # inductor cannot compile it, or a run failed: keep the executor
+            log.info("trtrtx: region %s: not timed against inductor (%s: %s); it stays on %s",
+                     module.name, type(exc).__name__, exc, module.kind)
+            self.use_inductor = False
+            return
+        self._decide(timing, "timed")
+        _choices.record(self.options, module.engine_key, timing)
+
+    def _compile(self) -> Callable[..., Any]:
+        dynamic = bool(self.module.onnx is not None and self.module.onnx.dynamic)
+        return torch.compile(self.module.graph_module, backend="inductor", dynamic=dynamic or None)
+
+    def _inductor_or_raise(self, args: Sequence[Any]) -> None:
+        if self.compiled is None:
+            self.compiled = self._compile()
+        self.compiled(*args)  # compiles (or raises) before anything is timed
+
+    def _decide(self, timing: _choices.Timing, how: str) -> None:
+        module = self.module
+        self.use_inductor = timing.inductor_ms < timing.executor_ms
+        module.chosen = "inductor" if self.use_inductor else ""
+        text = (f"inductor's code for it takes {timing.inductor_ms:.3f} ms a call and {module.kind} "
+                f"{timing.executor_ms:.3f} ms on this GPU ({how})")
+        if self.use_inductor:
+            module.why = text
+            _stats.count("rest_inductor_regions_chosen")
+        log.info("trtrtx: region %s: %s: %s", module.name, text,
+                 "inductor's code runs it" if self.use_inductor else f"{module.kind} runs it")
 
 
 def _unfreeze(gm: torch.fx.GraphModule) -> None:

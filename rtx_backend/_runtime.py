@@ -77,6 +77,7 @@ class RegionModule(torch.nn.Module):
         self.pick_tensors = picker(onnx_region.tensor_args if onnx_region is not None else ())
         self.why = ""  # why the region does not run on TensorRT-RTX (rtx_backend.recording shows it)
         self.engine_source = ""  # "built", "engine cache" or "" (no engine): set by the backend
+        self.chosen = ""  # "inductor" where inductor's code runs it, the faster (_choices.py)
 
     @property
     def kind(self) -> str:

@@ -80,6 +80,8 @@ BAD_VALUES = [
     ("weights", True, "frozen"),
     ("rest", "tvm", "['pytorch', 'inductor']"),
     ("rest", None, "inductor"),
+    ("fastest", "yes", "True or False"),
+    ("fastest", True, "needs rest='inductor'"),
 ]
 
 

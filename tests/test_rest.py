@@ -232,3 +232,112 @@ def test_the_graph_cache_serves_the_rest_in_inductor(tmp_path):
     stats = rtx_backend.stats()
     assert stats.get("graph_cache_hits") == 1 and stats["rest_inductor_graphs"] == 1
     assert regions and all(r.kind == "onnxruntime" for r in regions)
+
+
+# ---- fastest: the faster of the engine and inductor's code, per region ---------------------------
+
+def test_fastest_needs_the_rest_in_inductor():
+    assert Options(rest="inductor", fastest=True).fastest
+    with pytest.raises(OptionsError, match="needs rest='inductor'"):
+        Options.from_dict({"fastest": True})
+    with pytest.raises(OptionsError):
+        Options.from_dict({"rest": "inductor", "fastest": "yes"})
+
+
+def _count_ort_calls(monkeypatch) -> list[int]:
+    calls = [0]
+    original = OrtExecutor.__call__
+
+    def counting(self, tensors):
+        calls[0] += 1
+        return original(self, tensors)
+
+    monkeypatch.setattr(OrtExecutor, "__call__", counting)
+    return calls
+
+
+@pytest.mark.parametrize("faster", ["inductor", "executor"])
+def test_fastest_keeps_the_faster_and_records_it_beside_the_engine(tmp_path, monkeypatch, caplog, faster):
+    from rtx_backend import _choices
+
+    timings = {"inductor": _choices.Timing(executor_ms=2.0, inductor_ms=1.0),
+               "executor": _choices.Timing(executor_ms=1.0, inductor_ms=2.0)}
+    timed: list[int] = []
+
+    def fake_time_both(executor, inductor):
+        executor(), inductor()  # both run on the call's inputs
+        timed.append(1)
+        return timings[faster]
+
+    monkeypatch.setattr(_choices, "time_both", fake_time_both)
+    ort = _count_ort_calls(monkeypatch)
+    torch.manual_seed(0)
+    model = eval_model(MLP())
+    options = {**BASE, "engine_cache_dir": str(tmp_path), "fastest": True}
+    x = torch.randn(4, 16)
+    compiled = torch.compile(model, backend="trtrtx", options=options)
+    with torch.no_grad(), recording() as graphs, caplog.at_level(logging.INFO, logger="rtx_backend"):
+        for _ in range(4):
+            torch.testing.assert_close(compiled(x), model(x), atol=1e-4, rtol=1e-4)
+    assert timed == [1]  # timed once, right after the first call's check
+    modules = [r for g in graphs for r in g.regions]
+    assert len(modules) == 1 and modules[0].chosen == ("inductor" if faster == "inductor" else "")
+    taken = "1.000" if faster == "inductor" else "2.000"
+    assert f"inductor's code for it takes {taken} ms a call and onnxruntime" in caplog.text
+    before = ort[0]
+    with torch.no_grad():
+        compiled(x)
+    assert (ort[0] == before) == (faster == "inductor")  # inductor's code runs it: ONNX Runtime does not
+
+    # a new process (Dynamo reset): the decision stored beside the engine is used, nothing is timed
+    torch._dynamo.reset()
+    monkeypatch.setattr(_choices, "time_both", lambda *a: pytest.fail("timed again"))
+    compiled = torch.compile(model, backend="trtrtx", options=options)
+    with torch.no_grad(), rtx_backend.recording() as rec:
+        for _ in range(3):
+            torch.testing.assert_close(compiled(x), model(x), atol=1e-4, rtol=1e-4)
+    runtime = rec.regions[0].runtime
+    assert runtime == ("inductor" if faster == "inductor" else "ONNX Runtime")
+    if faster == "inductor":
+        assert "inductor's code for it takes 1.000 ms" in rec.regions[0].why
+
+
+def test_fastest_times_for_real_and_keeps_correct_results(tmp_path):
+    from rtx_backend import _choices
+
+    torch.manual_seed(0)
+    model = eval_model(MLP())
+    x = torch.randn(4, 16)
+    compiled = torch.compile(model, backend="trtrtx",
+                             options={**BASE, "engine_cache_dir": str(tmp_path), "fastest": True})
+    with torch.no_grad(), recording() as graphs:
+        for _ in range(4):
+            torch.testing.assert_close(compiled(x), model(x), atol=1e-4, rtol=1e-4)
+    module = next(r for g in graphs for r in g.regions)
+    stored = _choices.recorded(Options(engine_cache_dir=str(tmp_path)), module.engine_key)
+    assert stored is not None and stored.executor_ms > 0 and stored.inductor_ms > 0
+    assert module.chosen == ("inductor" if stored.inductor_ms < stored.executor_ms else "")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("graphs", ["disabled", "whole_graph_capture"])
+def test_gpu_fastest_times_engine_and_inductor_and_keeps_the_faster(tmp_path, graphs):
+    """On the GPU: the engine and inductor's Triton code are timed on the first call (inductor's
+    CUDA graphs' warm-up), the decision is stored, and every later call (replays included) is right."""
+    from rtx_backend import _choices
+
+    torch.manual_seed(0)
+    model = eval_model(WithEagerOp(), torch.float16, "cuda")
+    compiled = torch.compile(model, backend="trtrtx", options={
+        "min_block_size": 1, "runtime": "tensorrt_rtx", "rest": "inductor", "fastest": True,
+        "cuda_graph_strategy": graphs, "engine_cache_dir": str(tmp_path), "torch_executed_ops": ["aten.sigmoid"]})
+    with torch.no_grad(), recording() as records:
+        for _ in range(6):
+            x = torch.randn(8, 16, device="cuda", dtype=torch.float16)
+            torch.testing.assert_close(compiled(x).clone(), model(x), atol=2e-2, rtol=2e-2)
+    regions = [r for g in records for r in g.regions]
+    assert regions and all(r.kind == "tensorrt_rtx" for r in regions)
+    for r in regions:
+        stored = _choices.recorded(Options(engine_cache_dir=str(tmp_path)), r.engine_key)
+        assert stored is not None and stored.executor_ms > 0 and stored.inductor_ms > 0
+        assert r.chosen == ("inductor" if stored.inductor_ms < stored.executor_ms else "")
