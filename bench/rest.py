@@ -116,6 +116,7 @@ def measure(name: str, model: Any, x: tuple[torch.Tensor, ...], ref: torch.Tenso
                 regions = [r for g in graphs for r in g.regions]
                 stats = rtx_backend.stats()
                 row.update(regions=len(regions), regions_in_pytorch=sum(r.kind == "pytorch" for r in regions),
+                           regions_on_inductor=sum(r.chosen == "inductor" for r in regions),
                            engine_builds=stats.get("engine_builds", 0),
                            rest_inductor_graphs=stats.get("rest_inductor_graphs", 0),
                            rest_inductor_whole_graphs=stats.get("rest_inductor_whole_graphs", 0),
