@@ -8,6 +8,8 @@ module, first-call validation and the cross-check compare them through the same 
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
+import contextvars
 import dataclasses
 import functools
 import logging
@@ -116,6 +118,22 @@ stream_capturing: Callable[[], bool] = getattr(torch._C, "_cuda_isCurrentStreamC
 # Python argument parsing and dispatch of torch.empty (on this machine's CPU analogue, a third of
 # its cost).
 _empty_strided_cuda: Callable[..., torch.Tensor] | None = getattr(torch._C._dynamo.guards, "_empty_strided_cuda", None)
+
+# Inside inductor's CUDA graphs (cudagraph trees) no tensor allocated during a recording may
+# outlive it unless it is an output: there, an engine's scratch memory is the executor's own
+# (made on the warm-up call, before any recording) instead of a block of the graph's pool.
+_SCRATCH_OF_OUR_OWN: contextvars.ContextVar[bool] = contextvars.ContextVar("trtrtx_own_scratch", default=False)
+
+
+@contextlib.contextmanager
+def own_scratch_in_captures() -> Any:
+    """Engines run in this block use their executor's own scratch memory inside CUDA graph
+    captures too (for captures whose pool must hold no allocation but the outputs)."""
+    token = _SCRATCH_OF_OUR_OWN.set(True)
+    try:
+        yield
+    finally:
+        _SCRATCH_OF_OUR_OWN.reset(token)
 
 
 def deserialize(engine_bytes: EngineData) -> Any:
@@ -394,6 +412,8 @@ class TrtExecutor:
         """Give the context its scratch memory: the executor's own outside captures (the engine's
         size for its largest shapes, so it never moves), a block of the graph's pool inside one."""
         size = self._memory_size  # (a smaller size for the call's shapes makes Myelin re-resolve shapes)
+        if capturing and self._scratch is not None and _SCRATCH_OF_OUR_OWN.get():
+            capturing = False
         b.scratch_bound = not capturing
         if capturing:
             b.capture_scratch = torch.empty(max(size, 1), dtype=torch.uint8, device=self.device)

@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from . import _choices, _stats
+from ._executors import own_scratch_in_captures
 from ._lowering import without_autocast
 from ._onnx_bridge import FROZEN
 from ._options import Options
@@ -138,7 +139,8 @@ class _RegionRunner:
         module = self.module
         if module.executor.kind == "pytorch" or self.use_inductor:
             return self._inductor(*args)
-        outputs = module(*args)
+        with own_scratch_in_captures():  # (inductor's CUDA graphs track every allocation)
+            outputs = module(*args)
         if self.use_inductor is None and self._ready(args):  # timed after the call's own check
             self._choose(args)
         return outputs
