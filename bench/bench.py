@@ -524,7 +524,39 @@ def weight_checks() -> dict[str, Any]:
         model = factory().eval()
         weights = sum(1 for _ in model.parameters()) + sum(1 for _ in model.buffers())
         out[name] = {"weights": weights, "check_us": round(weight_check_us(model, torch.zeros(shape)), 3)}
+    if CUDA:
+        out["resnet50-like-b1-fp16-cg"] = checked_against_frozen(resnet50_like, (1, 3, 224, 224))
     return out
+
+
+def checked_against_frozen(factory: Callable[[], nn.Module], shape: tuple[int, ...], rounds: int = 7,
+                           iters: int = 200) -> dict[str, Any]:
+    """What the check costs a whole call: the model (FP16, TensorRT-RTX's CUDA graphs) compiled
+    with weights="checked" and with weights="frozen", latency medians of interleaved rounds. The
+    check runs while the GPU runs the call (the graph is enqueued first), so its host time shows
+    only where the host, not the GPU, is the limit."""
+    torch.manual_seed(0)
+    model = factory().eval().to(DEVICE, torch.float16).requires_grad_(False)
+    x = torch.randn(shape, device=DEVICE, dtype=torch.float16)
+    fns = {}
+    for mode in ("checked", "frozen"):
+        torch._dynamo.reset()
+        fns[mode] = torch.compile(model, backend="trtrtx", dynamic=False, options={
+            "min_block_size": 1, "weights": mode, "cuda_graph_strategy": "whole_graph_capture"})
+        with torch.inference_mode():
+            for _ in range(5):
+                fns[mode](x)
+    lat: dict[str, list[float]] = {m: [] for m in fns}
+    with torch.inference_mode():
+        for fn in fns.values():  # each compile reset Dynamo: compiled again here (engines from the cache)
+            for _ in range(5):
+                fn(x)
+        for _ in range(rounds):
+            for mode, fn in fns.items():
+                lat[mode] += latencies(lambda fn=fn: fn(x), iters)
+    checked, frozen = statistics.median(lat["checked"]), statistics.median(lat["frozen"])
+    return {"checked_ms": round(checked, 4), "frozen_ms": round(frozen, 4),
+            "check_share_of_call": round((checked - frozen) / frozen, 4)}
 
 
 def check_share(results: dict[str, Any]) -> None:

@@ -5,7 +5,9 @@ yet Dynamo passes them to the compiled graph on every call. `WeightGuard` wraps 
 graph and compares, on every call, what the regions froze with what the call passes: the same
 tensor objects (a replaced parameter is another object) at the same version counter (optimizer
 steps, `mul_`, `copy_` and `load_state_dict` move it). The check is two C-level loops over one
-tuple each (`map` over the tensors), no Python frame per weight.
+tuple each (`map` over the tensors), no Python frame per weight; from the second call on it runs
+after the graph is enqueued, while the GPU works (`WeightGuard.run_then_check`), unless the graph
+moves its own weights' versions.
 
 On a change, every region that froze a changed weight is brought up to date before the call
 runs: the weights stay ONNX initializers under their own names (the bridge keeps them out of
@@ -33,7 +35,7 @@ from typing import Any
 import torch
 
 from . import _stats
-from ._executors import OrtExecutor, TorchExecutor, TrtExecutor
+from ._executors import OrtExecutor, TorchExecutor, TrtExecutor, stream_capturing
 from ._lowering import is_weight
 from ._onnx_bridge import EXPORTED_AS, FROZEN, OnnxRegion
 from ._onnx_model import OnnxModel
@@ -133,6 +135,10 @@ class WeightGuard:
         self._track(self.tensors)
         self.lock = threading.Lock()
         self.capture_said = False
+        # check while the GPU runs the call (run_then_check): None until the first call has shown
+        # whether the graph itself moves its weights' versions
+        self.overlap: bool | None = None
+        self.on_cuda = any(t.is_cuda for t in self.tensors)  # (a capture is possible: checked per call)
         # the constant each index is frozen as (the object to rebind when a parameter is replaced)
         self.frozen = {i: _find_constant(roots, i) for i in used}
 
@@ -151,17 +157,45 @@ class WeightGuard:
             versions = {i: t._version for i, t in zip(self.indices, weights) if not t.is_inference()}
         self.versions = tuple(versions[i] for i in versioned)
 
-    def __call__(self, *args: Any) -> Any:
-        weights = self.pick(args)
+    def same(self, args: Sequence[Any]) -> bool:
+        """Whether the call's weights are those the regions froze."""
         try:
             # two C loops: an unchanged weight is the same object (no __eq__ runs; another tensor in
             # its place raises here or compares False, except a one-element tensor of the same value,
             # which gives the same result and is seen by its version counter from then on), at the
             # same version
-            same = weights == self.tensors and tuple(map(_VERSION, self.vpick(args))) == self.versions
+            return self.pick(args) == self.tensors and tuple(map(_VERSION, self.vpick(args))) == self.versions
         except Exception:
-            same = False
-        if not same and not self.refresh(args):
+            return False
+
+    def __call__(self, *args: Any) -> Any:
+        if self.overlap and not (self.on_cuda and stream_capturing()):
+            return self.run_then_check(args)
+        if not self.same(args) and not self.refresh(args):
+            return self.eager(*args)
+        out = self.fn(*args)
+        if self.overlap is None and not (self.on_cuda and stream_capturing()):
+            # a graph that does not move its own weights' versions (no buffer updated in place, as
+            # BatchNorm in training mode does) can be checked while the GPU runs it, from the next call
+            self.overlap = self.same(args)
+        return out
+
+    def run_then_check(self, args: Sequence[Any]) -> Any:
+        """Enqueue the graph first and check the weights while the GPU runs it: the check's host
+        time then hides behind the GPU's work. Should they have changed, that run used the old
+        ones: its outputs are dropped, the engines refitted once it is done, and the call run
+        again."""
+        try:
+            out = self.fn(*args)
+        except Exception:
+            if self.same(args):
+                raise
+            out = None  # a changed weight made the old graph fail: it runs again with the new ones
+        if self.same(args):
+            return out
+        if self.on_cuda:
+            torch.cuda.current_stream().synchronize()  # the dropped run reads the old weights
+        if not self.refresh(args):
             return self.eager(*args)
         return self.fn(*args)
 

@@ -509,3 +509,66 @@ def test_a_refittable_build_that_fails_is_not_tried_again_for_the_same_targets(m
     tried.clear()
     _backend._build_for(b"onnx", frozen, {})
     assert tried == [False]  # frozen weights: never refittable
+
+
+# ---- the check while the GPU runs: enqueue first, check after ------------------------------------
+
+def _guard(fn, weights):
+    args = [torch.zeros(2), *weights]
+    return WeightGuard(fn, [], args, list(range(1, len(args))), lambda *a: ("eager",), Options(), dict), args
+
+
+def test_a_graph_that_leaves_its_weights_alone_is_checked_after_it_is_enqueued():
+    w = torch.nn.Parameter(torch.ones(3))
+    calls: list[int] = []
+
+    def graph(*args):
+        calls.append(args[1]._version)
+        return ("out",)
+
+    guard, args = _guard(graph, [w])
+    assert guard.overlap is None
+    assert guard(*args) == ("out",) and guard.overlap is True  # the first call showed it moves no version
+    assert guard(*args) == ("out",) and calls == [0, 0]
+    with torch.no_grad():
+        w.mul_(2)  # seen after the enqueue: that run is dropped, the call runs again with the new weights
+    assert guard(*args) == ("out",)
+    assert calls == [0, 0, 1, 1]
+    assert guard.versions == (1,)
+    assert guard(*args) == ("out",) and calls == [0, 0, 1, 1, 1]  # once again, no rerun
+
+
+def test_a_graph_that_moves_its_own_weights_is_checked_before_it_runs():
+    buffer = torch.zeros(3)
+
+    def graph(*args):
+        with torch.no_grad():
+            args[1].add_(1)  # as BatchNorm's running statistics in training mode
+        return ("out",)
+
+    guard, args = _guard(graph, [buffer])
+    guard(*args)
+    assert guard.overlap is False
+    guard(*args)
+    assert buffer.tolist() == [2.0, 2.0, 2.0]  # one update per call: never run twice
+
+
+def test_a_run_that_fails_on_a_changed_weight_runs_again_after_the_refresh():
+    w = torch.nn.Parameter(torch.ones(3))
+    state = {"fail": False}
+
+    def graph(*args):
+        if state["fail"]:
+            state["fail"] = False
+            raise RuntimeError("the old graph cannot take the new weight")
+        return ("out",)
+
+    guard, args = _guard(graph, [w])
+    guard(*args)
+    with torch.no_grad():
+        w.add_(1)
+    state["fail"] = True
+    assert guard(*args) == ("out",)
+    state["fail"] = True  # unchanged weights: the graph's own error reaches the caller
+    with pytest.raises(RuntimeError, match="cannot take"):
+        guard(*args)
