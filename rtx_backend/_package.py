@@ -273,7 +273,7 @@ def region_module(plan: bytes, onnx: bytes, info: Mapping[str, Any], device: tor
         except Exception as exc:
             raise PackageError(f"region {name}: ONNX Runtime could not load its ONNX model: {exc}") from exc
         executor.why = why  # type: ignore[attr-defined]
-    widener = None
+    widener: Any = None
     fixed = False
     if isinstance(executor, TrtExecutor) and profile:
         labels = dim_labels(onnx_region.inputs, {})
