@@ -108,6 +108,8 @@ def save(
         "options": recorded_options(opts),
         "regions": regions,
         "onnx": onnx,
+        "graph": own_graph(packaged, program.call_spec.out_spec),
+        "graph_owner": "regions",  # the packaged graph's path in the saved module (_AsTheModel)
     }
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -139,6 +141,15 @@ class _AsTheModel(torch.nn.Module):
 
     def forward(self, *args: torch.Tensor) -> Any:
         return torch.utils._pytree.tree_unflatten(list(self.regions(*args)), self.out_spec)
+
+
+def own_graph(packaged: torch.fx.GraphModule, out_spec: Any) -> dict[str, Any] | None:
+    """The packaged graph in the package's own form (see _package.encode_graph), or None."""
+    try:
+        return _package.encode_graph(packaged, out_spec)
+    except _package.Unencodable as exc:
+        log.info("trtrtx: the package holds no graph of its own (%s); load uses torch.export.load", exc)
+        return None
 
 
 def recorded_options(opts: Options) -> dict[str, Any]:
