@@ -726,7 +726,7 @@ def graph_module(archive: zipfile.ZipFile, prefix: str, graph: Mapping[str, Any]
     root = torch.nn.Module()
     fx = torch.fx.Graph()
     env: dict[str, torch.fx.Node] = {}
-    moved = device if device.type != "cpu" else None
+    moved = device  # the graph's device arguments (aten.full(..., device=)) follow the model
     for entry in graph["nodes"]:
         op = entry["op"]
         if op == "placeholder":

@@ -104,7 +104,7 @@ def save(
         "rtx_backend": _version("trtrtx"),
         "torch": torch.__version__,
         "tensorrt_rtx": _trt.version() if _trt.available() else None,
-        "targets": [list(t) for t in opts.target_compute_capabilities] if opts.target_compute_capabilities else None,
+        "targets": built_for(opts),
         "options": recorded_options(opts),
         "regions": regions,
         "onnx": onnx,
@@ -150,6 +150,16 @@ def own_graph(packaged: torch.fx.GraphModule, out_spec: Any) -> dict[str, Any] |
     except _package.Unencodable as exc:
         log.info("trtrtx: the package holds no graph of its own (%s); load uses torch.export.load", exc)
         return None
+
+
+def built_for(opts: Options) -> list[list[int]] | None:
+    """The GPUs the engines run on: the declared targets, else this GPU (ComputeCapability.CURRENT)."""
+    from . import _targets
+
+    if opts.target_compute_capabilities:
+        return [list(t) for t in opts.target_compute_capabilities]
+    current = _targets.current_capability()
+    return [list(current)] if current is not None else None
 
 
 def recorded_options(opts: Options) -> dict[str, Any]:
@@ -307,7 +317,7 @@ def package_graph(gm: torch.fx.GraphModule, regions: Sequence[str], opts: Option
             "profile": {n: [list(lo), list(opt), list(hi)] for n, (lo, opt, hi) in profile.items()},
             "plan": {"size": len(plan), "sha256": hashlib.sha256(plan).hexdigest()},
             "onnx": {"size": len(model), "sha256": hashlib.sha256(model).hexdigest()},
-            "targets": [list(t) for t in opts.target_compute_capabilities] if opts.target_compute_capabilities else None,
+            "targets": built_for(opts) if plan else None,
             "tensorrt_rtx": _trt.version() if plan else None,
             "options": recorded_options(opts),
         }

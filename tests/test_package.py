@@ -292,7 +292,7 @@ def test_save_rejects_a_training_model_and_non_tensor_inputs(tmp_path):
 
 
 def _gpu_targets():
-    return [torch.cuda.get_device_capability()]
+    return None  # this GPU (ComputeCapability.CURRENT): the H200 (SM 9.0) is no declared target
 
 
 @pytest.mark.gpu
