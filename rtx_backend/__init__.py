@@ -15,6 +15,8 @@ package is not needed to compile. Import it for the tools:
     stats(), reset_stats()                  event counters: compiles, engine builds, cache hits
     preload()                               pay one-time costs up front (a server's start-up)
     save_runtime_cache()                    write TensorRT-RTX's JIT kernel cache now
+    save(model, inputs, path, options=...)  a .pt2 of the compiled model (engines inside)
+    load(path)                              that .pt2, checked, ready to run (no trace, no build)
 
 `torch.compile(..., mode="reduce-overhead")` turns on TensorRT-RTX's own CUDA graphs. From a
 shell: `python -m rtx_backend info` (what is installed, whether engines run on this GPU) and
@@ -24,23 +26,60 @@ shell: `python -m rtx_backend info` (what is installed, whether engines run on t
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from . import _decompositions, _engine_cache, _stats
-from ._backend import trtrtx
-from ._crosscheck import CrosscheckReport, crosscheck
+from . import _package as _package  # registers the trtrtx::engine op that saved packages call
 from ._errors import (
     BuildError,
     CudaGraphError,
     OptionsError,
+    PackageError,
     RtxBackendError,
     RuntimeUnavailableError,
     TargetError,
 )
-from ._explain import ExplainReport, explain
 from ._options import Options
-from ._preload import preload
+from ._package import load
 from ._recording import EagerRecord, GraphRecord, Recording, RegionRecord, recording
-from ._runtime_cache import save_runtime_cache
 from ._stats import reset_stats
+
+if TYPE_CHECKING:
+    from ._backend import trtrtx
+    from ._crosscheck import CrosscheckReport, crosscheck
+    from ._explain import ExplainReport, explain
+    from ._preload import preload
+    from ._runtime_cache import save_runtime_cache
+    from ._save import save
+
+# What only compiling needs (Dynamo, aot_autograd, the ONNX exporter) is imported on first use of
+# these names, so that a process that loads a saved package (`load`) does not pay for it.
+_LAZY = {
+    "trtrtx": "_backend",
+    "CrosscheckReport": "_crosscheck",
+    "crosscheck": "_crosscheck",
+    "ExplainReport": "_explain",
+    "explain": "_explain",
+    "preload": "_preload",
+    "save_runtime_cache": "_runtime_cache",
+    "save": "_save",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'rtx_backend' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})
+
 
 __version__ = "0.1.0"
 
@@ -64,6 +103,7 @@ __all__ = [
     "ExplainReport",
     "Options",
     "OptionsError",
+    "PackageError",
     "Recording",
     "RegionRecord",
     "RtxBackendError",
@@ -71,9 +111,11 @@ __all__ = [
     "TargetError",
     "crosscheck",
     "explain",
+    "load",
     "preload",
     "recording",
     "reset_stats",
+    "save",
     "save_runtime_cache",
     "stats",
     "trtrtx",

@@ -41,3 +41,8 @@ class RegionRefused(BuildError):
 
 class CudaGraphError(RtxBackendError):
     """An engine cannot be recorded by the CUDA graph that the caller is capturing."""
+
+
+class PackageError(RtxBackendError):
+    """A saved package (`rtx_backend.save`) cannot be loaded or run here: damaged, not ours,
+    written for other GPUs or another TensorRT-RTX, or asked for shapes it holds no engine for."""

@@ -13,11 +13,12 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-from torch._functorch._aot_autograd.schemas import SubclassCreationMeta
-from torch._functorch.aot_autograd import aot_module_simplified, make_boxed_func
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from . import _decompositions, _exporter_ops
+
+# aot_autograd (and Dynamo, which it imports) is imported where a graph is lowered, not here:
+# 1.4 s of `import rtx_backend`, which a process that only loads a saved package never needs.
 
 InferenceCompiler = Callable[[torch.fx.GraphModule, Sequence[Any]], Callable[..., Any]]
 
@@ -71,6 +72,8 @@ def lower(
     cost every call several microseconds for nothing. Otherwise it is aot_autograd's wrapped
     function.
     """
+    from torch._functorch.aot_autograd import aot_module_simplified, make_boxed_func
+
     weights = {i: t for i, t in enumerate(example_inputs) if is_weight(t)}
     compiled: list[tuple[Callable[..., Any], bool]] = []
 
@@ -116,7 +119,7 @@ def plain_calling_convention(aten_gm: torch.fx.GraphModule, n_inputs: int) -> bo
     """Whether the ATen graph takes Dynamo's inputs as they are and returns fresh outputs, so that
     calling it directly is what aot_autograd's runtime wrappers would do: no input mutations to
     apply, no outputs to regenerate as views, no deduplicated inputs, no RNG or effect tokens."""
-    from torch._functorch._aot_autograd.schemas import OutputType
+    from torch._functorch._aot_autograd.schemas import OutputType, SubclassCreationMeta
 
     context = torch._guards.TracingContext.try_get()
     meta = getattr(context, "fw_metadata", None)
