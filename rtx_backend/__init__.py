@@ -24,9 +24,8 @@ shell: `python -m rtx_backend info` (what is installed, whether engines run on t
 
 from __future__ import annotations
 
-from . import _decompositions, _engine_cache, _stats
+from . import _stats
 from ._backend import trtrtx
-from ._crosscheck import CrosscheckReport, crosscheck
 from ._errors import (
     BuildError,
     CudaGraphError,
@@ -35,12 +34,15 @@ from ._errors import (
     RuntimeUnavailableError,
     TargetError,
 )
-from ._explain import ExplainReport, explain
 from ._options import Options
-from ._preload import preload
-from ._recording import EagerRecord, GraphRecord, Recording, RegionRecord, recording
-from ._runtime_cache import save_runtime_cache
 from ._stats import reset_stats
+from .cache import engines as _engine_cache
+from .lower import decompositions as _decompositions
+from .run.runtime_cache import save_runtime_cache
+from .tools.crosscheck import CrosscheckReport, crosscheck
+from .tools.explain import ExplainReport, explain
+from .tools.preload import preload
+from .tools.recording import EagerRecord, GraphRecord, Recording, RegionRecord, recording
 
 __version__ = "0.1.0"
 

@@ -17,28 +17,29 @@ from typing import Any
 
 import torch
 
-from . import _engine_cache, _stats, _targets, _trt
-from ._dump import dump_region
-from ._engine import EngineData, Network, Profile, build, parse_network
-from ._engine_cache import EngineCache, Validation
-from ._engine_cache import Entry as CacheEntry
-from ._engine_cache import Key as CacheKey
+from . import _stats, _targets, _trt
 from ._errors import BuildError, OptionsError, RegionRefused, RtxBackendError, RuntimeUnavailableError
-from ._executors import OrtExecutor, TorchExecutor, TrtExecutor
-from ._graph_cache import Entry as GraphEntry
-from ._graph_cache import GraphCache, RegionRef, graph_key, shape_state
-from ._lowering import is_weight, lower, needs_autograd, without_autocast
-from ._onnx_bridge import OnnxRegion, export_region, input_specs
-from ._onnx_model import OnnxModel
 from ._options import Options, options_for_mode
-from ._partition import PartitionPlan, partition
-from ._policy import CapabilitySupport, Reason
-from ._profiles import EngineProfile, dim_labels, make_profile, symbol_overrides
-from ._progress import build_progress
 from ._record import CompiledGraph, record
-from ._runtime import RegionModule, direct_forward, region_device
-from ._screen import check_region
-from ._weights import guard_weights
+from .assemble.weights import guard_weights
+from .build.engine import EngineData, Network, Profile, build, parse_network
+from .build.profiles import EngineProfile, dim_labels, make_profile, symbol_overrides
+from .build.progress import build_progress
+from .build.screen import check_region
+from .cache import engines as _engine_cache
+from .cache.engines import EngineCache, Validation
+from .cache.engines import Entry as CacheEntry
+from .cache.engines import Key as CacheKey
+from .cache.graphs import Entry as GraphEntry
+from .cache.graphs import GraphCache, RegionRef, graph_key, shape_state
+from .export.bridge import OnnxRegion, export_region, input_specs
+from .export.dump import dump_region
+from .export.model import OnnxModel
+from .lower.lowering import is_weight, lower, needs_autograd, without_autocast
+from .plan.partition import PartitionPlan, partition
+from .plan.policy import CapabilitySupport, Reason
+from .run.executors import OrtExecutor, TorchExecutor, TrtExecutor
+from .run.region import RegionModule, direct_forward, region_device
 
 log = logging.getLogger("rtx_backend")
 
@@ -439,7 +440,7 @@ def _ort(onnx_region: Any) -> OrtExecutor:
 def _warn_nothing_lowered(plan: PartitionPlan) -> None:
     """A graph of which nothing runs on TensorRT-RTX because of the declared targets (an FP32
     model for Turing, say) deserves more than an INFO line: say which rules, and the fix."""
-    from ._explain import _TARGET_RULES, FIXES
+    from .tools.explain import _TARGET_RULES, FIXES
 
     counts: dict[str, int] = {}
     for reason in plan.reasons.values():

@@ -265,7 +265,7 @@ def _is_pair(value: Any) -> bool:
 def _op_names(key: str, value: Any) -> frozenset[str]:
     if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
         raise OptionsError(f"{key}={value!r} is not valid; give a list of op names")
-    from ._policy import normalize_op_name
+    from .plan.policy import normalize_op_name
 
     names = set()
     for item in value:

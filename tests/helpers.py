@@ -6,9 +6,9 @@ from typing import Any
 
 import torch
 
-from rtx_backend import _engine_cache
 from rtx_backend._record import CompiledGraph, recording
-from rtx_backend._runtime import RegionModule
+from rtx_backend.cache import engines as _engine_cache
+from rtx_backend.run.region import RegionModule
 
 _LAST: list[CompiledGraph] = []
 

@@ -14,8 +14,9 @@ import pytest
 import torch
 
 import rtx_backend
-from rtx_backend import _engine_cache, _info
-from rtx_backend._adopt import adopt_cache
+from rtx_backend.cache import engines as _engine_cache
+from rtx_backend.tools import info as _info
+from rtx_backend.tools.adopt import adopt_cache
 
 from .helpers import compile_and_run
 from .models import MLP, eval_model

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from rtx_backend._compare import Tolerance, compare, default_tolerance, pick_tolerance
+from rtx_backend.run.compare import Tolerance, compare, default_tolerance, pick_tolerance
 
 
 def test_identical_outputs_pass_with_zero_error():

@@ -10,7 +10,7 @@ from torch import nn
 import rtx_backend
 from rtx_backend import _backend
 from rtx_backend._errors import BuildError
-from rtx_backend._executors import OrtExecutor
+from rtx_backend.run.executors import OrtExecutor
 
 from .models import MLP, ConvNet, WithEagerOp, eval_model
 

@@ -14,12 +14,14 @@ import pytest
 import torch
 
 import rtx_backend
-from rtx_backend import _executors, _runtime_cache, _trt
+from rtx_backend import _trt
 from rtx_backend._errors import RuntimeUnavailableError
-from rtx_backend._onnx_bridge import OnnxRegion, TensorSpec
 from rtx_backend._options import Options
 from rtx_backend._record import recording
-from rtx_backend._runtime import RegionModule
+from rtx_backend.export.bridge import OnnxRegion, TensorSpec
+from rtx_backend.run import executors as _executors
+from rtx_backend.run import runtime_cache as _runtime_cache
+from rtx_backend.run.region import RegionModule
 
 from .models import MLP, eval_model
 
@@ -328,7 +330,7 @@ def test_region_module_calls_skip_module_dispatch_but_keep_forward_hooks():
 
 @pytest.mark.parametrize(("indices", "picked"), [((), ()), ((2,), ("c",)), ((1, 2), ("b", "c")), ((0, 2), ("a", "c"))])
 def test_region_arguments_are_picked_as_a_tuple(indices, picked):
-    from rtx_backend._runtime import picker
+    from rtx_backend.run.region import picker
 
     assert picker(indices)(("a", "b", "c")) == picked
 

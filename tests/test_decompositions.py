@@ -9,7 +9,7 @@ import textwrap
 import pytest
 import torch
 
-from rtx_backend import _decompositions
+from rtx_backend.lower import decompositions as _decompositions
 
 from .helpers import _LAST, compile_and_run, regions
 
@@ -35,7 +35,7 @@ def test_registration_where_torch_has_none():
         import torch
         real = torch._C._dispatch_has_kernel_for_dispatch_key
         torch._C._dispatch_has_kernel_for_dispatch_key = lambda name, key: False
-        from rtx_backend import _decompositions as d
+        from rtx_backend.lower import decompositions as d
         torch._C._dispatch_has_kernel_for_dispatch_key = lambda name, key: False
         assert d._META_LIBRARY, "registered at import"
         assert d.register_missing_meta_kernels() is False, "registered twice"

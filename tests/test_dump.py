@@ -8,8 +8,8 @@ import logging
 import onnx
 import torch
 
-from rtx_backend._dump import dump_region
-from rtx_backend._onnx_bridge import OnnxRegion, TensorSpec
+from rtx_backend.export.bridge import OnnxRegion, TensorSpec
+from rtx_backend.export.dump import dump_region
 
 from .helpers import compile_and_run, regions
 from .models import MLP, WithEagerOp, eval_model

@@ -24,13 +24,15 @@ import torch
 from torch import nn
 
 import rtx_backend
-from rtx_backend import _engine, _engine_cache, _trt
+from rtx_backend import _trt
 from rtx_backend._errors import BuildError
-from rtx_backend._executors import TrtExecutor
-from rtx_backend._onnx_bridge import OnnxRegion, TensorSpec, export_region
-from rtx_backend._profiles import EngineProfile
 from rtx_backend._record import recording
-from rtx_backend._runtime import RegionModule
+from rtx_backend.build import engine as _engine
+from rtx_backend.build.profiles import EngineProfile
+from rtx_backend.cache import engines as _engine_cache
+from rtx_backend.export.bridge import OnnxRegion, TensorSpec, export_region
+from rtx_backend.run.executors import TrtExecutor
+from rtx_backend.run.region import RegionModule
 
 SM86 = [(8, 6)]
 NO_CACHE = {"engine_cache_dir": "", "runtime_cache_path": ""}

@@ -16,10 +16,11 @@ import pytest
 import torch
 
 import rtx_backend
-from rtx_backend import _backend, _engine_cache, _files, _stats, _trt
-from rtx_backend._engine_cache import EngineCache, Entry, Key
-from rtx_backend._onnx_bridge import OnnxRegion, TensorSpec
+from rtx_backend import _backend, _files, _stats, _trt
 from rtx_backend._options import Options
+from rtx_backend.cache import engines as _engine_cache
+from rtx_backend.cache.engines import EngineCache, Entry, Key
+from rtx_backend.export.bridge import OnnxRegion, TensorSpec
 
 from .helpers import compile_and_run, regions
 from .models import MLP, eval_model
@@ -389,7 +390,7 @@ WRITER = textwrap.dedent(
     sys.path.insert(0, sys.argv[1])
     import rtx_backend
     from tests.test_engine_cache import _entry, _key
-    from rtx_backend._engine_cache import EngineCache
+    from rtx_backend.cache.engines import EngineCache
 
     warnings = []
     class Count(logging.Handler):
@@ -477,7 +478,7 @@ def test_a_validated_cached_engine_is_not_checked_again_on_the_same_gpu(gpu_name
 
 
 def test_a_failed_check_is_not_recorded_and_an_unreadable_record_means_check_again(gpu_named, monkeypatch):
-    from rtx_backend import _validation
+    from rtx_backend.run import validation as _validation
 
     model = eval_model(MLP())
     x = torch.randn(4, 16)
@@ -595,7 +596,7 @@ class _TwoConstants(torch.nn.Module):
 
 
 def test_graph_digest_hashes_constants_in_parallel_to_the_same_key(monkeypatch):
-    from rtx_backend import _engine_cache
+    from rtx_backend.cache import engines as _engine_cache
 
     a, b = torch.arange(16.0), torch.arange(16.0) + 100
     digests = {}
@@ -613,7 +614,7 @@ def test_graph_digest_hashes_constants_in_parallel_to_the_same_key(monkeypatch):
 def test_the_pipeline_fingerprint_reads_every_module_that_shapes_an_engine():
     from pathlib import Path
 
-    from rtx_backend import _engine_cache
+    from rtx_backend.cache import engines as _engine_cache
 
     package = Path(_engine_cache.__file__).parent
     assert all((package / f"{name}.py").is_file() for name in _engine_cache.PIPELINE_MODULES)

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 import rtx_backend
-from rtx_backend import _explain
+from rtx_backend.tools import explain as _explain
 
 from .models import WithEagerOp, eval_model
 
@@ -208,7 +208,7 @@ def test_summary_by_rule_comes_first_with_the_fix():
 
 
 def test_every_rule_has_a_fix():
-    from rtx_backend._policy import RULES
+    from rtx_backend.plan.policy import RULES
 
     named = {r.name for r in RULES} | {"min_block_size", "weights-only", "torch_executed_ops", "not-exportable",
                                        "not-aten", "mutation", "unknown-metadata", "data-dependent-shape",
@@ -249,7 +249,7 @@ def test_where_is_the_line_in_the_models_own_file():
 
 
 def test_op_names_are_never_cut_in_the_middle():
-    from rtx_backend._explain_render import MAX_CELL, _ops
+    from rtx_backend.tools.explain_render import MAX_CELL, _ops
 
     ops = {f"aten._native_batch_norm_legit_no_training_{i}": 1 for i in range(6)}
     text = _ops(ops)

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from rtx_backend import _exporter_ops
+from rtx_backend.lower import exporter_ops as _exporter_ops
 
 
 @pytest.fixture

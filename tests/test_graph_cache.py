@@ -17,8 +17,10 @@ import pytest
 import torch
 
 import rtx_backend
-from rtx_backend import _backend, _engine_cache, _graph_cache
+from rtx_backend import _backend
 from rtx_backend._options import Options
+from rtx_backend.cache import engines as _engine_cache
+from rtx_backend.cache import graphs as _graph_cache
 
 from .helpers import _LAST, compile_and_run, regions
 from .models import MLP, ConvNet, WithEagerOp, eval_model

@@ -11,7 +11,10 @@ from importlib import metadata
 import pytest
 import torch
 
-from rtx_backend import _engine_cache, _info, _runtime_cache, _trt
+from rtx_backend import _trt
+from rtx_backend.cache import engines as _engine_cache
+from rtx_backend.run import runtime_cache as _runtime_cache
+from rtx_backend.tools import info as _info
 
 ENTRY = "ab" * 32 + ".engine"  # an entry's name: its key, a SHA-256
 
@@ -23,7 +26,7 @@ def _ours(magic: bytes, size: int) -> bytes:
 
 def run_cli(*args: str, cache: str, hide_trt: bool = False) -> subprocess.CompletedProcess:
     prelude = "import sys; sys.modules['tensorrt_rtx'] = None; " if hide_trt else "import sys; "
-    code = prelude + "from rtx_backend._info import main; sys.exit(main(sys.argv[1:]))"
+    code = prelude + "from rtx_backend.tools.info import main; sys.exit(main(sys.argv[1:]))"
     env = {**os.environ, "RTX_BACKEND_CACHE_DIR": cache}
     return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=env,
                           timeout=300)

@@ -7,7 +7,7 @@ import warnings
 import torch
 
 import rtx_backend
-from rtx_backend import _lowering
+from rtx_backend.lower import lowering as _lowering
 
 from .helpers import compile_and_run, regions
 

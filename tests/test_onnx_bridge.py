@@ -107,7 +107,7 @@ def test_multihead_attention_in_projection_is_one_gemm_not_a_copy_of_the_weight_
 
 
 def test_a_bmm_against_a_weight_broadcast_over_the_batch_becomes_mm():
-    from rtx_backend._onnx_bridge import unbroadcast_weight_matmuls
+    from rtx_backend.export.bridge import unbroadcast_weight_matmuls
 
     w = torch.randn(8, 5)
 

@@ -14,10 +14,13 @@ import torch
 from onnx import TensorProto, helper, numpy_helper
 from torch import nn
 
-from rtx_backend import _engine, _engine_cache, _onnx_model, _trt
-from rtx_backend._engine_cache import Entry
-from rtx_backend._onnx_bridge import OnnxRegion, TensorSpec, export_region
-from rtx_backend._onnx_model import EXTERNAL_MIN_BYTES, OnnxModel, host_bytes
+from rtx_backend import _trt
+from rtx_backend.build import engine as _engine
+from rtx_backend.cache import engines as _engine_cache
+from rtx_backend.cache.engines import Entry
+from rtx_backend.export import model as _onnx_model
+from rtx_backend.export.bridge import OnnxRegion, TensorSpec, export_region
+from rtx_backend.export.model import EXTERNAL_MIN_BYTES, OnnxModel, host_bytes
 
 from .test_policy import lowered, plan
 

@@ -12,8 +12,8 @@ from torch import nn
 
 import rtx_backend
 from rtx_backend import _trt
-from rtx_backend._onnx_bridge import export_region
-from rtx_backend._onnx_rewrite import transposes_into_gemm
+from rtx_backend.export.bridge import export_region
+from rtx_backend.export.rewrite import transposes_into_gemm
 
 from .models import MLP
 from .test_registry import _check_against_graph, _region, _seeded
@@ -131,7 +131,7 @@ def test_an_exported_region_keeps_its_weights_as_pytorch_lays_them_out(factory, 
 def test_the_parser_gives_the_builder_transposed_matrix_multiplies():
     trt = _trt.trt()
     region = export_region(_region(_seeded(MLP), torch.randn(4, 16)))
-    from rtx_backend._engine import parse
+    from rtx_backend.build.engine import parse
 
     network = parse(region.source).network
     ops = []

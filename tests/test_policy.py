@@ -15,14 +15,14 @@ import torch.nn.functional as F
 from torch import nn
 
 import rtx_backend
-from rtx_backend import _engine
 from rtx_backend._backend import plan_graph
 from rtx_backend._errors import BuildError
-from rtx_backend._lowering import lower
-from rtx_backend._onnx_bridge import export_region
 from rtx_backend._options import Options
-from rtx_backend._policy import RULES, CapabilitySupport, NodeFacts, Reason, op_family
-from rtx_backend._screen import onnx_refusals
+from rtx_backend.build import engine as _engine
+from rtx_backend.build.screen import onnx_refusals
+from rtx_backend.export.bridge import export_region
+from rtx_backend.lower.lowering import lower
+from rtx_backend.plan.policy import RULES, CapabilitySupport, NodeFacts, Reason, op_family
 
 from .helpers import _LAST, compile_and_run, regions
 from .zoo import ZOO
@@ -118,7 +118,7 @@ def test_op_family(name, family):
     (NodeFacts("other", frozenset({torch.float4_e2m1fn_x2}), frozenset({torch.float4_e2m1fn_x2}), None), (12, 0), None),
 ])
 def test_rule_table(facts, target, rule):
-    from rtx_backend._policy import RULES, first_match
+    from rtx_backend.plan.policy import RULES, first_match
 
     match = first_match(facts, [target], RULES)
     assert (match[0].name if match else None) == rule

@@ -14,7 +14,8 @@ CHILD = r"""
 import json, sys, time
 import torch
 import rtx_backend
-from rtx_backend import _onnx_bridge, _registry
+from rtx_backend.export import bridge as _onnx_bridge
+from rtx_backend.lower import registry as _registry
 exports = []
 original = _onnx_bridge.export_region
 _onnx_bridge.export_region = lambda gm, **kw: exports.append(1) or original(gm, **kw)

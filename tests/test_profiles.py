@@ -10,8 +10,15 @@ import torch
 import rtx_backend
 from rtx_backend import Options, OptionsError
 from rtx_backend._errors import BuildError
-from rtx_backend._onnx_bridge import TensorSpec
-from rtx_backend._profiles import EngineProfile, contains, dim_range, make_profile, symbol_overrides, widen
+from rtx_backend.build.profiles import (
+    EngineProfile,
+    contains,
+    dim_range,
+    make_profile,
+    symbol_overrides,
+    widen,
+)
+from rtx_backend.export.bridge import TensorSpec
 
 F32 = torch.float32
 

@@ -7,7 +7,9 @@ import io
 import pytest
 import torch
 
-from rtx_backend import Options, _engine, _progress
+from rtx_backend import Options
+from rtx_backend.build import engine as _engine
+from rtx_backend.build import progress as _progress
 
 from .helpers import compile_and_run
 from .models import MLP, eval_model
@@ -19,7 +21,7 @@ class Tty(io.StringIO):
 
 
 def tiny_onnx() -> bytes:
-    from rtx_backend._info import _tiny_onnx
+    from rtx_backend.tools.info import _tiny_onnx
 
     return _tiny_onnx()
 

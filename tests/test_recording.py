@@ -8,7 +8,8 @@ import pytest
 import torch
 
 import rtx_backend
-from rtx_backend import _backend, _executors
+from rtx_backend import _backend
+from rtx_backend.run import executors as _executors
 
 from .models import MLP, WithEagerOp, eval_model
 

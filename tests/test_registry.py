@@ -14,9 +14,11 @@ from torch import nn
 from torch.onnx._internal.exporter import _registration
 
 import rtx_backend
-from rtx_backend import _exporter_ops, _onnx_bridge, _registry
-from rtx_backend._lowering import lower
-from rtx_backend._onnx_bridge import export_region
+from rtx_backend.export import bridge as _onnx_bridge
+from rtx_backend.export.bridge import export_region
+from rtx_backend.lower import exporter_ops as _exporter_ops
+from rtx_backend.lower import registry as _registry
+from rtx_backend.lower.lowering import lower
 
 from .models import MLP, ConvNet
 from .zoo import ResNetish, SelfAttention
@@ -173,7 +175,7 @@ def test_a_changed_private_api_falls_back_to_the_public_exporter(how, monkeypatc
         monkeypatch.setattr(_registry, "_core", types.SimpleNamespace(export=lambda model, args, *, registry: None))
     else:
         monkeypatch.delattr(rtx_backend, "_registry")
-        monkeypatch.setitem(sys.modules, "rtx_backend._registry", None)  # importing it raises ImportError
+        monkeypatch.setitem(sys.modules, "rtx_backend.lower.registry", None)  # importing it raises ImportError
     gm = _region(_seeded(NormMLP), torch.randn(4, 16))
     region = export_region(gm)
     assert public.calls == 1

@@ -12,7 +12,8 @@ import pytest
 import torch
 
 import rtx_backend
-from rtx_backend import BuildError, _backend, _engine
+from rtx_backend import BuildError, _backend
+from rtx_backend.build import engine as _engine
 
 from .helpers import backend_error, compile_and_run, regions
 from .models import MLP, WithEagerOp, eval_model

@@ -37,10 +37,12 @@ import pytest
 import torch
 
 import rtx_backend
-from rtx_backend import _engine_cache, _files, _runtime_cache
-from rtx_backend._engine_cache import EngineCache, Entry, Key
-from rtx_backend._onnx_bridge import OnnxRegion, TensorSpec
-from rtx_backend._runtime_cache import RuntimeCache
+from rtx_backend import _files
+from rtx_backend.cache import engines as _engine_cache
+from rtx_backend.cache.engines import EngineCache, Entry, Key
+from rtx_backend.export.bridge import OnnxRegion, TensorSpec
+from rtx_backend.run import runtime_cache as _runtime_cache
+from rtx_backend.run.runtime_cache import RuntimeCache
 
 from .helpers import compile_and_run, regions
 from .models import MLP, eval_model

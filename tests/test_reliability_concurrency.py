@@ -13,9 +13,9 @@ import pytest
 import torch
 
 import rtx_backend
-from rtx_backend import _validation
-from rtx_backend._executors import OrtExecutor
 from rtx_backend._record import recording
+from rtx_backend.run import validation as _validation
+from rtx_backend.run.executors import OrtExecutor
 
 from .models import MLP, WithEagerOp, eval_model
 

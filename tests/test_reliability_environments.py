@@ -19,7 +19,8 @@ import pytest
 import torch
 
 import rtx_backend
-from rtx_backend import RuntimeUnavailableError, _backend, _executors, _targets, _trt
+from rtx_backend import RuntimeUnavailableError, _backend, _targets, _trt
+from rtx_backend.run import executors as _executors
 
 from .helpers import backend_error, compile_and_run, regions
 from .models import WithEagerOp, eval_model

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 import rtx_backend
-from rtx_backend._executors import OrtExecutor
 from rtx_backend._record import recording
+from rtx_backend.run.executors import OrtExecutor
 
 from .models import MLP, eval_model
 from .test_cuda_graphs import FakeEngine, _compiled_mlp, fake_executor  # noqa: F401  (a fixture)
@@ -98,7 +98,7 @@ def test_an_onnx_runtime_error_raises_with_strict(monkeypatch):
 @pytest.mark.gpu
 def test_gpu_an_engine_failing_at_call_time_runs_in_pytorch(monkeypatch, caplog):
     """A real engine whose enqueue fails after it has run (as BERT's did on TensorRT-RTX 1.4.0)."""
-    from rtx_backend._executors import TrtExecutor
+    from rtx_backend.run.executors import TrtExecutor
 
     model = eval_model(MLP(), device="cuda")
     x = torch.randn(4, 16, device="cuda")

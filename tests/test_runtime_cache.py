@@ -20,8 +20,8 @@ import pytest
 import torch
 
 import rtx_backend
-from rtx_backend import _runtime_cache
 from rtx_backend._options import Options
+from rtx_backend.run import runtime_cache as _runtime_cache
 
 ROOT = Path(__file__).resolve().parents[1]
 GPU = ("NVIDIA GeForce RTX 3090", (8, 6))
@@ -240,7 +240,7 @@ AT_EXIT = textwrap.dedent(
     """
     import sys
     sys.path.insert(0, sys.argv[1])
-    from rtx_backend import _runtime_cache
+    from rtx_backend.run import runtime_cache as _runtime_cache
     from rtx_backend._options import Options
     from tests.test_runtime_cache import FakeConfig, GPU
     _runtime_cache.gpu_identity_parts = lambda: GPU
@@ -264,8 +264,8 @@ WRITER = textwrap.dedent(
     import os, random, sys
     from pathlib import Path
     sys.path.insert(0, sys.argv[1])
-    from rtx_backend import _runtime_cache
-    from rtx_backend._runtime_cache import RuntimeCache
+    from rtx_backend.run import runtime_cache as _runtime_cache
+    from rtx_backend.run.runtime_cache import RuntimeCache
     from tests.test_runtime_cache import FakeCache
     path = Path(sys.argv[2])
     rng = random.Random(int(sys.argv[3]))
@@ -368,7 +368,7 @@ def test_gpu_save_runtime_cache_writes_the_default_file():
 _SAVER = textwrap.dedent("""
     import json, sys, time, torch, rtx_backend
     from pathlib import Path
-    from rtx_backend import _runtime_cache
+    from rtx_backend.run import runtime_cache as _runtime_cache
     name, cache, sync = sys.argv[1], sys.argv[2], Path(sys.argv[3])
     torch.manual_seed(0)
     if name == "mlp":

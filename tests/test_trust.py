@@ -11,9 +11,11 @@ import pytest
 import torch
 
 import rtx_backend
-from rtx_backend import _engine_cache, _graph_cache, _trust
-from rtx_backend._engine_cache import EngineCache
+from rtx_backend import _trust
 from rtx_backend._options import Options
+from rtx_backend.cache import engines as _engine_cache
+from rtx_backend.cache import graphs as _graph_cache
+from rtx_backend.cache.engines import EngineCache
 
 from .helpers import compile_and_run
 from .models import MLP, eval_model

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 import rtx_backend
-from rtx_backend import _validation
-from rtx_backend._executors import OrtExecutor
 from rtx_backend._record import recording
+from rtx_backend.run import validation as _validation
+from rtx_backend.run.executors import OrtExecutor
 
 from .models import MLP, ConvNet, WithEagerOp, eval_model
 
@@ -241,7 +241,7 @@ def test_gpu_engine_agrees_and_keeps_running_on_tensorrt_rtx(cls, shape, dtype):
 
 @pytest.mark.gpu
 def test_gpu_broken_engine_is_caught(monkeypatch, caplog):
-    from rtx_backend._executors import TrtExecutor
+    from rtx_backend.run.executors import TrtExecutor
 
     original = TrtExecutor.__call__
     monkeypatch.setattr(TrtExecutor, "__call__", lambda self, t, shapes=None: [torch.zeros_like(o) for o in original(self, t, shapes)])

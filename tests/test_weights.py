@@ -13,7 +13,7 @@ import rtx_backend
 from rtx_backend import OptionsError
 from rtx_backend._options import Options
 from rtx_backend._record import recording
-from rtx_backend._weights import WeightGuard, initializer_specs
+from rtx_backend.assemble.weights import WeightGuard, initializer_specs
 from tests.helpers import compile_and_run, regions
 
 CPU = {"min_block_size": 1, "target_compute_capabilities": [(8, 6)]}
@@ -149,7 +149,7 @@ def test_a_graph_cache_hit_checks_its_weights_too():
     model = mlp()
     x = torch.randn(8, 6)
     assert diff(torch.compile(model, backend="trtrtx", options=CPU), model, x) < 1e-5
-    rtx_backend._engine_cache.flush()
+    rtx_backend.cache.engines.flush()
     torch._dynamo.reset()
     compiled = torch.compile(model, backend="trtrtx", options=CPU)
     assert diff(compiled, model, x) < 1e-5
@@ -161,7 +161,7 @@ def test_a_graph_cache_hit_checks_its_weights_too():
 
 
 def test_a_region_whose_model_lacks_a_weight_is_exported_and_built_again(monkeypatch, caplog):
-    from rtx_backend import _weights
+    from rtx_backend.assemble import weights as _weights
 
     model = mlp()
     x = torch.randn(8, 6)
@@ -177,7 +177,7 @@ def test_a_region_whose_model_lacks_a_weight_is_exported_and_built_again(monkeyp
 
 
 def test_a_region_that_cannot_take_new_weights_runs_in_pytorch(monkeypatch, caplog):
-    from rtx_backend import _weights
+    from rtx_backend.assemble import weights as _weights
 
     model = mlp()
     x = torch.randn(8, 6)
@@ -220,7 +220,8 @@ def test_a_weight_replaced_by_an_inference_tensor(caplog):
 def test_an_engine_stored_under_new_weights_is_found_by_a_fine_tuned_copy():
     """The key a refitted engine is stored under (_store) is the key a compile of the fine-tuned
     model computes: that compile loads the engine instead of building one."""
-    from rtx_backend import _engine_cache, _weights
+    from rtx_backend.assemble import weights as _weights
+    from rtx_backend.cache import engines as _engine_cache
 
     model = mlp()
     x = torch.randn(8, 6)
@@ -400,7 +401,7 @@ def test_gpu_a_refitted_engine_is_cached_under_its_new_weights():
         model[0].weight.mul_(2.0)
         compiled(x)
     needs_refittable_engines()
-    rtx_backend._engine_cache.flush()
+    rtx_backend.cache.engines.flush()
     torch._dynamo.reset()
     rtx_backend.reset_stats()
     tuned = mlp().cuda()
@@ -485,8 +486,8 @@ def test_a_refittable_build_that_fails_is_not_tried_again_for_the_same_targets(m
     """TensorRT-RTX on a GPU off its list fails every refittable build: the builds after the first
     failure go straight to an engine that is not refittable (a failed build costs seconds)."""
     from rtx_backend import _backend
-    from rtx_backend._engine import BuiltEngine
     from rtx_backend._errors import BuildError
+    from rtx_backend.build.engine import BuiltEngine
 
     tried: list[bool] = []
 

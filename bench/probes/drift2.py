@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import sys
 
-from rtx_backend import _executors, _onnx_bridge, _trt
+from rtx_backend import _trt
+from rtx_backend.export import bridge as _onnx_bridge
+from rtx_backend.run import executors as _executors
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
 from drift import calls, encoder, resnet50_fp32

@@ -16,10 +16,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import bench
-from rtx_backend import _engine, _trt
-from rtx_backend._executors import TrtExecutor
+from rtx_backend import _trt
 from rtx_backend._options import Options
 from rtx_backend._record import recording
+from rtx_backend.build import engine as _engine
+from rtx_backend.run.executors import TrtExecutor
 
 
 def variants(trt) -> dict[str, dict]:

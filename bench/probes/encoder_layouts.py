@@ -217,8 +217,8 @@ def main() -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from encoder_knobs import attention_layers, build, encoder_region, engine_ms
 
-    from rtx_backend._executors import TrtExecutor
     from rtx_backend._options import Options
+    from rtx_backend.run.executors import TrtExecutor
 
     x, ref, region = encoder_region()
     exported = onnx.load_from_string(region.onnx.model)

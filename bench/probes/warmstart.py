@@ -24,15 +24,15 @@ STAGES = [  # (module, function): timed by wrapping, in the child
     ("rtx_backend._backend", "lower"), ("rtx_backend._backend", "compile_graph"),
     ("rtx_backend._backend", "export_and_build"), ("rtx_backend._backend", "export_region"),
     ("rtx_backend._backend", "_build_for"), ("rtx_backend._backend", "choose_executor"),
-    ("rtx_backend._engine_cache", "graph_digest"), ("rtx_backend._engine_cache", "EngineCache.load"),
-    ("rtx_backend._executors", "TrtExecutor.__init__"), ("rtx_backend._runtime", "first_call"),
-    ("rtx_backend._runtime", "RegionModule.forward"),
+    ("rtx_backend.cache.engines", "graph_digest"), ("rtx_backend.cache.engines", "EngineCache.load"),
+    ("rtx_backend.run.executors", "TrtExecutor.__init__"), ("rtx_backend.run.region", "first_call"),
+    ("rtx_backend.run.region", "RegionModule.forward"),
     # the graph-cache hit, piece by piece
     ("rtx_backend._backend", "graph_key"), ("rtx_backend._backend", "from_graph_cache"),
-    ("rtx_backend._graph_cache", "GraphCache.load"), ("rtx_backend._backend", "generate_code"),
-    ("rtx_backend._executors", "deserialize"), ("rtx_backend._executors", "TrtExecutor._make_binding"),
-    ("rtx_backend._runtime_cache", "attach"), ("rtx_backend._executors", "TrtExecutor.__call__"),
-    ("rtx_backend._engine_cache", "tensor_digests"), ("rtx_backend._executors", "TrtExecutor.ready"),
+    ("rtx_backend.cache.graphs", "GraphCache.load"), ("rtx_backend._backend", "generate_code"),
+    ("rtx_backend.run.executors", "deserialize"), ("rtx_backend.run.executors", "TrtExecutor._make_binding"),
+    ("rtx_backend.run.runtime_cache", "attach"), ("rtx_backend.run.executors", "TrtExecutor.__call__"),
+    ("rtx_backend.cache.engines", "tensor_digests"), ("rtx_backend.run.executors", "TrtExecutor.ready"),
 ]
 
 
@@ -59,7 +59,7 @@ def synchronous_setup() -> None:
     """Contexts made in the constructor, as before the setup thread (the A/B baseline)."""
     import concurrent.futures
 
-    from rtx_backend import _executors
+    from rtx_backend.run import executors as _executors
 
     def submit(fn, *args):
         future: concurrent.futures.Future = concurrent.futures.Future()

@@ -43,11 +43,11 @@ import filelock
 import numpy as np
 import torch
 
-from . import _files, _stats, _targets, _trt, _trust
-from ._engine import EngineData, Profile
-from ._onnx_bridge import OnnxRegion, TensorSpec
-from ._onnx_model import OnnxModel, as_bytes
-from ._options import Options
+from .. import _files, _stats, _targets, _trt, _trust
+from .._options import Options
+from ..build.engine import EngineData, Profile
+from ..export.bridge import OnnxRegion, TensorSpec
+from ..export.model import OnnxModel, as_bytes
 
 log = logging.getLogger("rtx_backend")
 
@@ -277,7 +277,7 @@ def validation_identity() -> str | None:
     """This GPU and driver, as validation records name them; None without a usable GPU."""
     if not torch.cuda.is_available():
         return None
-    from ._runtime_cache import gpu_identity
+    from ..run.runtime_cache import gpu_identity
 
     try:
         driver = torch._C._cuda_getDriverVersion() if hasattr(torch._C, "_cuda_getDriverVersion") else "?"

@@ -44,11 +44,12 @@ from typing import Any
 
 import torch
 
-from . import _engine_cache, _files, _stats, _targets, _trt, _trust
-from ._engine_cache import CorruptEntry, Key
-from ._lowering import is_weight
-from ._options import Options
-from ._runtime import RegionModule
+from .. import _files, _stats, _targets, _trt, _trust
+from .._options import Options
+from ..cache import engines as _engine_cache
+from ..cache.engines import CorruptEntry, Key
+from ..lower.lowering import is_weight
+from ..run.region import RegionModule
 
 log = logging.getLogger("rtx_backend")
 

@@ -33,7 +33,8 @@ from torch.onnx import _constants as _onnx_constants
 from torch.onnx._internal.exporter import _constants, _core, _decomp, _fx_passes, _registration
 from torch.onnx._internal.exporter._torchlib import _torchlib_registry
 
-from . import _exporter_ops, _stats
+from .. import _stats
+from ..lower import exporter_ops as _exporter_ops
 
 log = logging.getLogger("rtx_backend")
 

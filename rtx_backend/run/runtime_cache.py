@@ -32,9 +32,9 @@ from typing import Any
 
 import filelock
 
-from . import _files, _stats, _trt, _trust
-from ._engine_cache import CorruptEntry, framed_header, read_header
-from ._options import Options
+from .. import _files, _stats, _trt, _trust
+from .._options import Options
+from ..cache.engines import CorruptEntry, framed_header, read_header
 
 log = logging.getLogger("rtx_backend")
 

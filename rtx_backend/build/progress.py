@@ -23,8 +23,8 @@ import time
 from collections.abc import Iterator
 from typing import IO, Any
 
-from . import _trt
-from ._options import Options
+from .. import _trt
+from .._options import Options
 
 log = logging.getLogger("rtx_backend")
 

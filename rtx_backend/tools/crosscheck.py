@@ -25,12 +25,12 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_flatten
 
-from ._backend import trtrtx
-from ._compare import OutputComparison, ToleranceSpec, compare, pick_tolerance
-from ._errors import RuntimeUnavailableError
-from ._executors import OrtExecutor, TrtExecutor
-from ._options import Options
-from ._record import recording
+from .._backend import trtrtx
+from .._errors import RuntimeUnavailableError
+from .._options import Options
+from .._record import recording
+from ..run.compare import OutputComparison, ToleranceSpec, compare, pick_tolerance
+from ..run.executors import OrtExecutor, TrtExecutor
 
 log = logging.getLogger("rtx_backend")
 

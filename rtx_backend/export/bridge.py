@@ -20,11 +20,11 @@ from typing import Any
 
 import torch
 
-from . import _stats
-from ._errors import BuildError
-from ._lowering import views_to_reshapes
-from ._onnx_model import OnnxModel, as_bytes
-from ._onnx_rewrite import transposes_into_gemm
+from .. import _stats
+from .._errors import BuildError
+from ..export.model import OnnxModel, as_bytes
+from ..export.rewrite import transposes_into_gemm
+from ..lower.lowering import views_to_reshapes
 
 log = logging.getLogger("rtx_backend")
 
@@ -483,7 +483,7 @@ def _to_onnx(
 def _translate(exported: Any, args: tuple[torch.Tensor, ...], input_names: list[str], output_names: list[str]) -> Any:
     """The exported program in ONNX, not optimized."""
     try:
-        from . import _registry
+        from ..lower import registry as _registry
     except (ImportError, AttributeError) as exc:  # the exporter's private modules moved
         if not _said_no_registry:
             _said_no_registry.append(True)

@@ -15,8 +15,8 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from ._files import atomic_write
-from ._onnx_bridge import OnnxRegion, TensorSpec
+from .._files import atomic_write
+from ..export.bridge import OnnxRegion, TensorSpec
 
 log = logging.getLogger("rtx_backend")
 

@@ -28,12 +28,12 @@ from typing import Any
 
 import torch
 
-from . import _targets
-from ._backend import plan_graph
-from ._lowering import lower
-from ._options import Options, Target
-from ._partition import compute_nodes
-from ._policy import Reason
+from .. import _targets
+from .._backend import plan_graph
+from .._options import Options, Target
+from ..lower.lowering import lower
+from ..plan.partition import compute_nodes
+from ..plan.policy import Reason
 
 log = logging.getLogger("rtx_backend")
 
@@ -188,7 +188,7 @@ class ExplainReport:
         return _jsonable(out)  # type: ignore[no-any-return]
 
     def __str__(self) -> str:
-        from ._explain_render import render
+        from ..tools.explain_render import render
 
         return render(self)
 
@@ -410,7 +410,7 @@ def _engines(opts: Options) -> str:
     if opts.runtime == "onnxruntime":
         return "none: with runtime='onnxruntime' a compile runs the regions' ONNX models"
     if not _targets.can_build(opts):
-        from . import _trt
+        from .. import _trt
 
         if not _trt.available():
             return "none: TensorRT-RTX is not installed; a compile would run the regions in ONNX Runtime"

@@ -19,12 +19,12 @@ from collections.abc import Collection, Iterator
 import onnx
 import torch
 
-from . import _trt
-from ._engine import Network
-from ._errors import RegionRefused
-from ._onnx_model import OnnxModel, as_bytes
-from ._options import Target
-from ._policy import RULES, NodeFacts, Reason, Rule, conv_traits, first_match
+from .. import _trt
+from .._errors import RegionRefused
+from .._options import Target
+from ..build.engine import Network
+from ..export.model import OnnxModel, as_bytes
+from ..plan.policy import RULES, NodeFacts, Reason, Rule, conv_traits, first_match
 
 log = logging.getLogger("rtx_backend")
 

@@ -17,7 +17,8 @@ from torch._functorch._aot_autograd.schemas import SubclassCreationMeta
 from torch._functorch.aot_autograd import aot_module_simplified, make_boxed_func
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-from . import _decompositions, _exporter_ops
+from ..lower import decompositions as _decompositions
+from ..lower import exporter_ops as _exporter_ops
 
 InferenceCompiler = Callable[[torch.fx.GraphModule, Sequence[Any]], Callable[..., Any]]
 

@@ -19,8 +19,8 @@ from typing import Any
 
 import torch
 
-from ._files import atomic_write
-from ._options import default_cache_root
+from .._files import atomic_write
+from .._options import default_cache_root
 
 log = logging.getLogger("rtx_backend")
 
@@ -43,7 +43,7 @@ def translated() -> frozenset[str]:
         log.debug("trtrtx: no usable exporter op list at %s (%s)", path, exc)
     from torch.onnx._internal.exporter import _decomp
 
-    from . import _registry
+    from ..lower import registry as _registry
 
     found = frozenset(
         str(op) for op in _decomp.get_onnx_implemented_overloads(_registry.lazy_registry())
@@ -81,7 +81,7 @@ def registry() -> Any:
         if not _full:
             from torch.onnx._internal.exporter import _registration
 
-            from . import _registry
+            from ..lower import registry as _registry
 
             with _registry.quiet_registration():
                 _full.append(_registration.ONNXRegistry.from_torchlib(_registry.opset_version()))

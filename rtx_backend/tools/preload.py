@@ -14,8 +14,10 @@ from __future__ import annotations
 import logging
 import time
 
-from . import _lowering, _registry, _targets, _trt
-from ._onnx_bridge import OnnxRegion
+from .. import _targets, _trt
+from ..export.bridge import OnnxRegion
+from ..lower import lowering as _lowering
+from ..lower import registry as _registry
 
 log = logging.getLogger("rtx_backend")
 
@@ -54,7 +56,7 @@ def _first_export() -> OnnxRegion | None:
     import torch
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    from ._onnx_bridge import export_region
+    from ..export.bridge import export_region
 
     try:
         gm = make_fx(lambda x: (torch.relu(x * 2.0 + 1.0).view(-1),))(torch.randn(2, 4))
@@ -71,10 +73,10 @@ def _first_engine(region: OnnxRegion) -> None:
     file is touched)."""
     import torch
 
-    from ._engine import build
-    from ._executors import TrtExecutor
-    from ._onnx_bridge import _example
-    from ._options import Options
+    from .._options import Options
+    from ..build.engine import build
+    from ..export.bridge import _example
+    from ..run.executors import TrtExecutor
 
     try:
         engine = build(region.source, None, {}).data

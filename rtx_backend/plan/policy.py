@@ -21,9 +21,9 @@ import torch
 from torch.fx import Node
 from torch.fx.passes.operator_support import OperatorSupportBase
 
-from . import _exporter_ops
-from ._onnx_bridge import unfusable
-from ._options import Target
+from .._options import Target
+from ..export.bridge import unfusable
+from ..lower import exporter_ops as _exporter_ops
 
 
 @dataclasses.dataclass(frozen=True)

@@ -20,8 +20,9 @@ from typing import Any
 
 import filelock
 
-from . import _engine_cache, _files, _trust
-from ._engine_cache import CorruptEntry
+from .. import _files, _trust
+from ..cache import engines as _engine_cache
+from ..cache.engines import CorruptEntry
 
 
 @dataclasses.dataclass
@@ -107,7 +108,7 @@ def _check_payload(suffix: str, header: dict[str, Any], payload: memoryview) -> 
         if hashlib.sha256(payload[onnx_size:]).hexdigest() != header["engine"]["sha256"]:
             raise CorruptEntry("engine checksum mismatch")
     elif suffix == _engine_cache.GRAPH_SUFFIX:
-        from ._graph_cache import scan_globals
+        from ..cache.graphs import scan_globals
 
         if int(header["payload"]["size"]) != len(payload) or hashlib.sha256(payload).hexdigest() != header["payload"]["sha256"]:
             raise CorruptEntry("payload truncated or damaged")

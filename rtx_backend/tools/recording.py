@@ -20,7 +20,7 @@ import dataclasses
 from collections.abc import Iterator
 from typing import Any
 
-from . import _record
+from .. import _record
 
 RUNTIMES = {"tensorrt_rtx": "TensorRT-RTX", "onnxruntime": "ONNX Runtime", "pytorch": "PyTorch"}
 ENGINE_SOURCES = {"built": "built", "engine cache": "loaded from the engine cache", "": "none"}

@@ -12,10 +12,10 @@ import logging
 import time
 from typing import Any
 
-from . import _trt
-from ._errors import BuildError, TargetError
-from ._onnx_model import OnnxModel, as_bytes, host_bytes
-from ._options import Target
+from .. import _trt
+from .._errors import BuildError, TargetError
+from .._options import Target
+from ..export.model import OnnxModel, as_bytes, host_bytes
 
 log = logging.getLogger("rtx_backend")
 

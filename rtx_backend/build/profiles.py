@@ -17,11 +17,11 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from . import _stats
-from ._engine import EngineData, Profile
-from ._errors import OptionsError, RtxBackendError
-from ._onnx_bridge import TensorSpec
-from ._options import Options
+from .. import _stats
+from .._errors import OptionsError, RtxBackendError
+from .._options import Options
+from ..build.engine import EngineData, Profile
+from ..export.bridge import TensorSpec
 
 log = logging.getLogger("rtx_backend")
 

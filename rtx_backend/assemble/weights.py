@@ -32,13 +32,13 @@ from typing import Any
 
 import torch
 
-from . import _stats
-from ._executors import OrtExecutor, TorchExecutor, TrtExecutor
-from ._lowering import is_weight
-from ._onnx_bridge import EXPORTED_AS, FROZEN, OnnxRegion
-from ._onnx_model import OnnxModel
-from ._options import Options
-from ._runtime import RegionModule, picker
+from .. import _stats
+from .._options import Options
+from ..export.bridge import EXPORTED_AS, FROZEN, OnnxRegion
+from ..export.model import OnnxModel
+from ..lower.lowering import is_weight
+from ..run.executors import OrtExecutor, TorchExecutor, TrtExecutor
+from ..run.region import RegionModule, picker
 
 log = logging.getLogger("rtx_backend")
 
@@ -247,7 +247,7 @@ def update_region(
 ) -> str:
     """Give one region the weights `values` (initializer name -> tensor, every weight it froze);
     returns what was done: "refit", "rebuild" or "" (PyTorch runs it: nothing to do)."""
-    from . import _backend
+    from .. import _backend
 
     executor = module.executor
     if isinstance(executor, TorchExecutor) or module.onnx is None:
@@ -283,7 +283,8 @@ def update_region(
 def _restore(module: RegionModule, region: OnnxRegion, engine: Any, options: Options) -> None:
     """After new weights: the engine (or none), its cache entry under the new weights' key, the
     widening builder bound to the new model, and first-call validation armed again."""
-    from . import _backend, _engine_cache
+    from .. import _backend
+    from ..cache import engines as _engine_cache
 
     key = _store(module, region, engine, options) if engine is not None else None
     module.engine = engine
@@ -300,7 +301,7 @@ def _restore(module: RegionModule, region: OnnxRegion, engine: Any, options: Opt
 
 def _store(module: RegionModule, region: OnnxRegion, engine: Any, options: Options) -> Any:
     """Store the region's engine under the key of its new weights; returns the key (or None)."""
-    from . import _engine_cache
+    from ..cache import engines as _engine_cache
 
     cache = _engine_cache.EngineCache.for_options(options)
     old = module.engine_key
@@ -318,7 +319,7 @@ def _store(module: RegionModule, region: OnnxRegion, engine: Any, options: Optio
 
 def _rebuild_region(module: RegionModule, options: Options, overrides: dict[str, Any]) -> None:
     """Export and build the region again from its PyTorch graph (which reads the new weights)."""
-    from . import _backend
+    from .. import _backend
 
     graph = module.graph_module
     fresh = _backend.compile_region(module.name, torch.fx.GraphModule(graph, _copy_graph(graph)), overrides, options)

@@ -14,7 +14,7 @@ import torch
 from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner, Partition
 from torch.fx.passes.utils.fuser_utils import fuse_by_partitions
 
-from ._policy import CapabilitySupport, Reason
+from ..plan.policy import CapabilitySupport, Reason
 
 REGION_PREFIX = "trtrtx_region_"
 # Nodes that cost nothing in PyTorch, so they do not count towards min_block_size.

@@ -25,9 +25,9 @@ from typing import Any
 
 import torch
 
-from . import _stats
-from ._compare import LOW_PRECISION, compare, default_tolerance, judge_by_fp32
-from ._executors import TorchExecutor, stream_capturing
+from .. import _stats
+from ..run.compare import LOW_PRECISION, compare, default_tolerance, judge_by_fp32
+from ..run.executors import TorchExecutor, stream_capturing
 
 log = logging.getLogger("rtx_backend")
 

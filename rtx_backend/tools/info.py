@@ -16,8 +16,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from . import _targets, _trt
-from ._options import Options, default_cache_root
+from .. import _targets, _trt
+from .._options import Options, default_cache_root
 
 PACKAGES = ("torch", "tensorrt-rtx", "onnx", "onnxruntime", "onnxscript")
 RUNTIME_FILES = "tensorrt_rtx-*.cache"  # _runtime_cache.default_file_name()
@@ -69,8 +69,8 @@ def gpu_info(probe: bool = True) -> dict[str, Any]:
 
 def probe_engine() -> tuple[bool, str]:
     """Build a one-op engine for this GPU and load it: the only sure test that engines run here."""
-    from ._engine import build
-    from ._executors import deserialize
+    from ..build.engine import build
+    from ..run.executors import deserialize
 
     try:
         engine = build(_tiny_onnx(), None, {})
@@ -114,7 +114,7 @@ def clear_caches(engine_dir: Path | None = None, runtime_dir: Path | None = None
     """
     import filelock
 
-    from ._files import LOCK_TIMEOUT_S
+    from .._files import LOCK_TIMEOUT_S
 
     dirs = cache_dirs(engine_dir, runtime_dir)
     out: dict[str, dict[str, Any]] = {}
@@ -134,8 +134,9 @@ def clear_caches(engine_dir: Path | None = None, runtime_dir: Path | None = None
 
 def _files(kind: str, directory: Path) -> list[tuple[Path, int]]:
     """The cache files of ours in `directory` (engine cache or runtime cache) and their sizes."""
-    from . import _engine_cache, _files
-    from ._runtime_cache import MAGIC
+    from .. import _files
+    from ..cache import engines as _engine_cache
+    from ..run.runtime_cache import MAGIC
 
     paths: list[Path] = []
     if kind == "engines":
@@ -226,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
         info = collect(args.engine_cache_dir, args.runtime_cache_dir, probe=not args.no_probe)
         print(json.dumps(info, indent=2) if args.json else render(info))
     elif args.command == "adopt-cache":
-        from ._adopt import adopt_cache, render_adopted
+        from ..tools.adopt import adopt_cache, render_adopted
 
         report = adopt_cache(args.directory)
         print(render_adopted(report))

@@ -18,11 +18,12 @@ from typing import Any, NamedTuple
 import torch
 from torch._prims_common import make_contiguous_strides_for
 
-from . import _runtime_cache, _trt
-from ._engine import EngineData
-from ._errors import CudaGraphError, RtxBackendError, RuntimeUnavailableError
-from ._onnx_bridge import OnnxRegion
-from ._options import Options
+from .. import _trt
+from .._errors import CudaGraphError, RtxBackendError, RuntimeUnavailableError
+from .._options import Options
+from ..build.engine import EngineData
+from ..export.bridge import OnnxRegion
+from ..run import runtime_cache as _runtime_cache
 
 log = logging.getLogger("rtx_backend")
 

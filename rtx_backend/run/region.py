@@ -15,13 +15,13 @@ from typing import Any
 import torch
 from torch.nn.modules import module as _module
 
-from ._engine import EngineData
-from ._engine_cache import Key
-from ._errors import CudaGraphError, RtxBackendError
-from ._executors import OrtExecutor, TorchExecutor, TrtExecutor
-from ._onnx_bridge import OnnxRegion
-from ._profiles import EngineProfile
-from ._validation import capturing, first_call
+from .._errors import CudaGraphError, RtxBackendError
+from ..build.engine import EngineData
+from ..build.profiles import EngineProfile
+from ..cache.engines import Key
+from ..export.bridge import OnnxRegion
+from ..run.executors import OrtExecutor, TorchExecutor, TrtExecutor
+from ..run.validation import capturing, first_call
 
 log = logging.getLogger("rtx_backend")
 
