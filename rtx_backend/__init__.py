@@ -36,7 +36,7 @@ from ._errors import (
 )
 from ._options import Options
 from ._stats import reset_stats
-from .cache import engines as _engine_cache
+from .cache import store as _store
 from .lower import decompositions as _decompositions
 from .run.runtime_cache import save_runtime_cache
 from .tools.crosscheck import CrosscheckReport, crosscheck
@@ -51,7 +51,7 @@ def stats() -> dict[str, int]:
     """A snapshot of the event counters (compiles, engine builds, cache hits and stores). Cache
     files are written behind the compile, so it first waits for the writes submitted so far: the
     store counts are then complete."""
-    _engine_cache.flush()
+    _store.flush()
     return _stats.stats()
 
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import rtx_backend
-from rtx_backend.cache import engines as _engine_cache
+from rtx_backend.cache import store
 from rtx_backend.tools import info as _info
 from rtx_backend.tools.adopt import adopt_cache
 
@@ -63,7 +63,7 @@ def _rewrite(path: Path, magic: bytes, edit) -> None:
     size = int.from_bytes(data[len(magic):start], "little")
     header = json.loads(data[start:start + size])
     header, payload = edit(header, data[start + size:])
-    path.write_bytes(b"".join([*_engine_cache.framed_header(magic, header, b"k" * 32), payload]))
+    path.write_bytes(b"".join([*store.framed_header(magic, header, b"k" * 32), payload]))
 
 
 class _RunsCode:
@@ -86,7 +86,7 @@ def test_adopt_refuses_damaged_misnamed_and_code_carrying_files(tmp_path, monkey
         header["payload"] = {"size": len(bad), "sha256": hashlib.sha256(bad).hexdigest()}
         return header, bad
 
-    _rewrite(graph, _engine_cache.GRAPH_MAGIC, plant)
+    _rewrite(graph, store.GRAPH_MAGIC, plant)
     mine = shipped / "my_notes.engine"
     mine.write_bytes(b"mine")
     before = {p.name: p.read_bytes() for p in shipped.iterdir() if p.is_file()}

@@ -29,7 +29,7 @@ from rtx_backend._errors import BuildError
 from rtx_backend._record import recording
 from rtx_backend.build import engine as _engine
 from rtx_backend.build.profiles import EngineProfile
-from rtx_backend.cache import engines as _engine_cache
+from rtx_backend.cache import store
 from rtx_backend.export.bridge import OnnxRegion, TensorSpec, export_region
 from rtx_backend.run.executors import TrtExecutor
 from rtx_backend.run.region import RegionModule
@@ -271,7 +271,7 @@ def test_widened_engine_is_cached_for_later_processes(tmp_path):
             for b, s in [(2, 12), (2, 100), (3, 16)]:
                 x = torch.randn(b, s, 16)
                 torch.testing.assert_close(compiled(x), model(x), atol=1e-4, rtol=1e-4)
-        _engine_cache.flush()
+        store.flush()
         return rtx_backend.stats()
 
     first = run()

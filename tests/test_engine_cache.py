@@ -19,6 +19,7 @@ import rtx_backend
 from rtx_backend import _backend, _files, _stats, _trt
 from rtx_backend._options import Options
 from rtx_backend.cache import engines as _engine_cache
+from rtx_backend.cache import store
 from rtx_backend.cache.engines import EngineCache, Entry, Key
 from rtx_backend.export.bridge import OnnxRegion, TensorSpec
 
@@ -48,13 +49,13 @@ def _entry(payload: bytes = b"engine" * 100) -> Entry:
 def _write_record(path: Path, key: Key, gpus: object) -> None:
     """A validation record as the cache writes it (signed with this user's key), holding `gpus`."""
     header = {"format": _engine_cache.FORMAT, "key": key.name, "fields": key.fields, "validated_on": gpus}
-    path.write_bytes(b"".join(_engine_cache.framed_header(_engine_cache.VALIDATED_MAGIC, header)))
+    path.write_bytes(b"".join(store.framed_header(store.VALIDATED_MAGIC, header)))
 
 
 def _recorded(path: Path) -> object:
     """The GPUs a validation record file lists."""
     data = path.read_bytes()
-    return _engine_cache.read_header(data, _engine_cache.VALIDATED_MAGIC, None, _engine_cache.FORMAT)[0]["validated_on"]
+    return store.read_header(data, store.VALIDATED_MAGIC, None, _engine_cache.FORMAT)[0]["validated_on"]
 
 
 def _key(name: str = "k") -> Key:
@@ -89,7 +90,7 @@ def test_key_changes_with_targets_profile_options_and_version(monkeypatch):
     ]
     monkeypatch.setattr(_trt, "version", lambda: "1.4.0.76")
     others.append(cache.key(gm, PROFILE, _options()))
-    monkeypatch.setattr(_engine_cache, "_pipeline_fingerprint", lambda: "an edited ONNX bridge")
+    monkeypatch.setattr(store, "package_fingerprint", lambda: "an edited ONNX bridge")
     others.append(cache.key(gm, PROFILE, _options()))
     names = {base.name} | {k.name for k in others if k is not None}
     assert len(names) == len(others) + 1
@@ -163,7 +164,7 @@ DAMAGES = {
     "garbage": lambda p: p.write_bytes(os.urandom(5000)),
     "truncated": _truncate,
     "flipped_engine_byte": _flip_last_byte,
-    "bad_json": lambda p: p.write_bytes(_engine_cache.MAGIC + (10).to_bytes(8, "little") + b"{not json}"),
+    "bad_json": lambda p: p.write_bytes(store.MAGIC + (10).to_bytes(8, "little") + b"{not json}"),
 }
 
 
@@ -546,14 +547,14 @@ def test_a_load_waits_only_for_its_own_keys_pending_write(tmp_path):
     release = threading.Event()
     cache = EngineCache(tmp_path, 1 << 30)
     slow, other = _key("a"), _key("b")
-    _engine_cache.write_behind(slow, lambda: release.wait(60))
+    store.write_behind(slow, lambda: release.wait(60))
     try:
         start = time.perf_counter()
         assert cache.load(other) is None
         assert time.perf_counter() - start < 5
     finally:
         release.set()
-    _engine_cache.flush(slow, timeout=60)
+    store.flush(slow, timeout=60)
 
 
 def test_stats_wait_for_the_writes_behind_so_store_counts_are_complete():
@@ -567,7 +568,7 @@ def test_stats_wait_for_the_writes_behind_so_store_counts_are_complete():
         _stats.count("engine_cache_stores")
 
     rtx_backend.reset_stats()
-    _engine_cache.write_behind(_key("w"), store_after_release)
+    store.write_behind(_key("w"), store_after_release)
     threading.Timer(0.2, release.set).start()
     assert rtx_backend.stats().get("engine_cache_stores") == 1
 
@@ -611,14 +612,39 @@ def test_graph_digest_hashes_constants_in_parallel_to_the_same_key(monkeypatch):
     assert digests[1 << 62] == digests[0] is not None
 
 
-def test_the_pipeline_fingerprint_reads_every_module_that_shapes_an_engine():
-    from pathlib import Path
+def test_the_package_fingerprint_covers_every_file_by_content_and_path(tmp_path, monkeypatch):
+    """Any edit, move, addition or removal of a file of the package changes every cache key;
+    compiled bytecode does not."""
+    import shutil
 
-    from rtx_backend.cache import engines as _engine_cache
+    from rtx_backend.cache import store
 
-    package = Path(_engine_cache.__file__).parent
-    assert all((package / f"{name}.py").is_file() for name in _engine_cache.PIPELINE_MODULES)
-    assert {"_onnx_bridge", "_onnx_rewrite", "_registry", "_engine"} <= set(_engine_cache.PIPELINE_MODULES)
+    copy = tmp_path / "rtx_backend"
+    shutil.copytree(store.PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setattr(store, "PACKAGE", copy)
+
+    def fingerprint() -> str:
+        store.package_fingerprint.cache_clear()
+        return store.package_fingerprint()
+
+    try:
+        first = fingerprint()
+        (copy / "run" / "__pycache__").mkdir()
+        (copy / "run" / "__pycache__" / "region.cpython-311.pyc").write_bytes(b"bytecode")
+        assert fingerprint() == first
+        bridge = copy / "export" / "bridge.py"
+        original = bridge.read_bytes()
+        bridge.write_bytes(original + b"# an edit\n")
+        assert fingerprint() != first
+        bridge.write_bytes(original)
+        assert fingerprint() == first
+        (copy / "plan" / "partition.py").rename(copy / "plan" / "partitions.py")  # a move, same content
+        assert fingerprint() != first
+        (copy / "plan" / "partitions.py").rename(copy / "plan" / "partition.py")
+        (copy / "build" / "table.json").write_text("{}")  # not only Python files
+        assert fingerprint() != first
+    finally:
+        store.package_fingerprint.cache_clear()
 
 
 # ---- trust: only this user's files are served, only our own files are deleted --------------------
@@ -630,8 +656,8 @@ def _poison_weights(path: Path) -> None:
     import numpy as np
 
     data = bytearray(path.read_bytes())
-    start = len(_engine_cache.MAGIC) + 8
-    head_len = int.from_bytes(data[len(_engine_cache.MAGIC):start], "little")
+    start = len(store.MAGIC) + 8
+    head_len = int.from_bytes(data[len(store.MAGIC):start], "little")
     header = json.loads(data[start:start + head_len])
     onnx_at = start + head_len
     at = onnx_at + header["onnx"]["skeleton"]
@@ -643,11 +669,11 @@ def _poison_weights(path: Path) -> None:
     header["onnx"]["sha256"] = hashlib.sha256(payload[:onnx_size]).hexdigest()
     header.pop("header_sha256", None)
     mac = header.pop("mac", None)
-    header["header_sha256"] = _engine_cache._header_digest(header)
+    header["header_sha256"] = store._header_digest(header)
     if mac is not None:
         header["mac"] = mac  # the old signature, which no longer matches
     head = json.dumps(header, sort_keys=True).encode()
-    path.write_bytes(_engine_cache.MAGIC + len(head).to_bytes(8, "little") + head + payload)
+    path.write_bytes(store.MAGIC + len(head).to_bytes(8, "little") + head + payload)
 
 
 def test_a_poisoned_engine_entry_is_a_miss_not_a_wrong_result(tmp_path, caplog):
@@ -691,8 +717,8 @@ def test_a_validation_record_signed_with_another_key_vouches_for_nothing(gpu_nam
     key = _key("v")
     assert cache.store(key, _entry())
     header = {"format": _engine_cache.FORMAT, "key": key.name, "fields": key.fields, "validated_on": [gpu_named["id"]]}
-    cache.validation_path(key).write_bytes(b"".join(_engine_cache.framed_header(
-        _engine_cache.VALIDATED_MAGIC, header, b"someone else's key".ljust(32, b"!"))))
+    cache.validation_path(key).write_bytes(b"".join(store.framed_header(
+        store.VALIDATED_MAGIC, header, b"someone else's key".ljust(32, b"!"))))
     assert not cache.validated_here(key)
     assert "not signed with your cache key" in caplog.text
 

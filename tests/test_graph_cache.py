@@ -21,6 +21,7 @@ from rtx_backend import _backend
 from rtx_backend._options import Options
 from rtx_backend.cache import engines as _engine_cache
 from rtx_backend.cache import graphs as _graph_cache
+from rtx_backend.cache import store
 
 from .helpers import _LAST, compile_and_run, regions
 from .models import MLP, ConvNet, WithEagerOp, eval_model
@@ -183,7 +184,7 @@ def test_damaged_entry_is_a_warning_a_compile_and_a_rewrite(tmp_path, caplog, da
     assert "graph cache entry" in caplog.text and "unusable" in caplog.text
     assert rtx_backend.stats()["graph_cache_misses"] == 1
     torch.testing.assert_close(out, expected, rtol=0, atol=0)
-    _engine_cache.flush()
+    store.flush()
     assert path.read_bytes() == data  # written again by the full compile
     _again(model, x, _opts(tmp_path))
     assert rtx_backend.stats()["graph_cache_hits"] == 1
@@ -275,7 +276,7 @@ def test_payload_that_unpickles_wrong_is_rejected(tmp_path, caplog):
     bad = pickle.dumps({"graph_module": None})
     header["payload"] = {"size": len(bad), "sha256": hashlib.sha256(bad).hexdigest()}
     header.pop("header_sha256")
-    path.write_bytes(b"".join([*_engine_cache.framed_header(_graph_cache.MAGIC, header), bad]))
+    path.write_bytes(b"".join([*store.framed_header(_graph_cache.MAGIC, header), bad]))
     with caplog.at_level(logging.WARNING, logger="rtx_backend"):
         out = _again(model, x, _opts(tmp_path))
     assert "cannot be rebuilt" in caplog.text
@@ -329,7 +330,7 @@ def test_dynamic_graph_hit_runs_other_sizes_without_recompiles(tmp_path):
         compiled = torch.compile(model, backend="trtrtx", options=options, dynamic=True)
         with torch.no_grad():
             outs = [compiled(torch.ones(b, 16) * b / 7) for b in batches]
-        _engine_cache.flush()
+        store.flush()
         return outs
 
     run([3])
@@ -359,7 +360,7 @@ def test_a_compile_that_adds_size_guards_is_not_cached(tmp_path, monkeypatch):
     compiled = torch.compile(model, backend="trtrtx", options=_opts(tmp_path), dynamic=True)
     with torch.no_grad():
         out = compiled(torch.ones(3, 16))
-    _engine_cache.flush()
+    store.flush()
     assert rtx_backend.stats()["engine_builds"] == 1 and not _files(tmp_path, ".graph")
     torch.testing.assert_close(out, model(torch.ones(3, 16)), rtol=1e-4, atol=1e-5)
     monkeypatch.setattr(_backend, "compile_graph", compile_graph)
@@ -446,7 +447,7 @@ def _plant(path: Path, payload: bytes, sign_with: bytes | None = None) -> None:
     header = _header(path.read_bytes())
     header["payload"] = {"size": len(payload), "sha256": hashlib.sha256(payload).hexdigest()}
     key = sign_with if sign_with is not None else b"an attacker's key".ljust(32, b"!")
-    path.write_bytes(b"".join([*_engine_cache.framed_header(_graph_cache.MAGIC, header, key), payload]))
+    path.write_bytes(b"".join([*store.framed_header(_graph_cache.MAGIC, header, key), payload]))
 
 
 def test_a_planted_graph_entry_does_not_run_its_code(tmp_path, caplog):

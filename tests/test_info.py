@@ -11,8 +11,8 @@ from importlib import metadata
 import pytest
 import torch
 
-from rtx_backend import _trt
-from rtx_backend.cache import engines as _engine_cache
+from rtx_backend import _files, _trt
+from rtx_backend.cache import store
 from rtx_backend.run import runtime_cache as _runtime_cache
 from rtx_backend.tools import info as _info
 
@@ -34,7 +34,7 @@ def run_cli(*args: str, cache: str, hide_trt: bool = False) -> subprocess.Comple
 
 def test_info_prints_versions_gpu_targets_and_caches(tmp_path):
     (tmp_path / "engines").mkdir()
-    (tmp_path / "engines" / ENTRY).write_bytes(_ours(_engine_cache.MAGIC, 2048))
+    (tmp_path / "engines" / ENTRY).write_bytes(_ours(store.MAGIC, 2048))
     out = subprocess.run([sys.executable, "-m", "rtx_backend", "info"], capture_output=True, text=True,
                          env={**os.environ, "RTX_BACKEND_CACHE_DIR": str(tmp_path)}, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
@@ -77,9 +77,9 @@ def test_clear_cache_removes_only_our_files(tmp_path, monkeypatch, capsys):
     engines, runtime = tmp_path / "engines", tmp_path / "runtime"
     engines.mkdir()
     runtime.mkdir()
-    (engines / ENTRY).write_bytes(_ours(_engine_cache.MAGIC, 100))
-    (engines / ("cd" * 32 + ".graph")).write_bytes(_ours(_engine_cache.GRAPH_MAGIC, 60))
-    (engines / ("ab" * 32 + ".validated")).write_bytes(_ours(_engine_cache.VALIDATED_MAGIC, 40))
+    (engines / ENTRY).write_bytes(_ours(store.MAGIC, 100))
+    (engines / ("cd" * 32 + ".graph")).write_bytes(_ours(store.GRAPH_MAGIC, 60))
+    (engines / ("ab" * 32 + ".validated")).write_bytes(_ours(store.VALIDATED_MAGIC, 40))
     user_files = {"my_own_model.engine": b"e" * 100, "ef" * 32 + ".engine": b"not ours" * 10,
                   "notes.txt": b"mine", ".lock": b""}
     for name, content in user_files.items():
@@ -98,10 +98,33 @@ def test_clear_cache_removes_only_our_files(tmp_path, monkeypatch, capsys):
     assert "engines: removed 0 file(s)" in capsys.readouterr().out
 
 
+def test_clear_cache_removes_the_exporter_op_list_and_dead_writers_temps(tmp_path, monkeypatch, capsys):
+    """Everything the caches wrote goes, not only engines: also the exporter's op list and the
+    temps of writers that were killed; a live writer's temp and a user's JSON file stay."""
+    import os
+
+    monkeypatch.setenv("RTX_BACKEND_CACHE_DIR", str(tmp_path))
+    engines, exporter = tmp_path / "engines", tmp_path / "exporter"
+    engines.mkdir()
+    exporter.mkdir()
+    (exporter / "ops-torch2.13.0-onnxscript0.5.json").write_text('["aten.add.Tensor"]')
+    (exporter / "ops-torch-mine-onnxscript.json").write_text('{"not": "an op list"}')
+    dead = engines / f".{ENTRY}.{_files._host()}-999999999.abc.tmp"  # a writer whose process is gone
+    dead.write_bytes(b"x" * 10)
+    live = engines / f".{ENTRY}.{_files._host()}-{os.getpid()}.abc.tmp"
+    live.write_bytes(b"y" * 10)
+    assert _info.main(["clear-cache"]) == 0
+    out = capsys.readouterr().out
+    assert f"exporter: removed 1 file(s), 19 B, from {exporter}" in out
+    assert f"engines: removed 1 file(s), 10 B, from {engines}" in out
+    assert sorted(p.name for p in exporter.iterdir()) == ["ops-torch-mine-onnxscript.json"]
+    assert not dead.exists() and live.exists()
+
+
 def test_custom_cache_dirs(tmp_path, capsys):
     custom = tmp_path / "my_engines"
     custom.mkdir()
-    (custom / ENTRY).write_bytes(_ours(_engine_cache.MAGIC, 24))
+    (custom / ENTRY).write_bytes(_ours(store.MAGIC, 24))
     assert _info.main(["info", "--no-probe", "--engine-cache-dir", str(custom)]) == 0
     assert f"engine cache  {custom}: 1 file(s), 24 B" in capsys.readouterr().out
     assert _info.main(["clear-cache", "--engine-cache-dir", str(custom)]) == 0

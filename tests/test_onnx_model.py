@@ -17,6 +17,7 @@ from torch import nn
 from rtx_backend import _trt
 from rtx_backend.build import engine as _engine
 from rtx_backend.cache import engines as _engine_cache
+from rtx_backend.cache import store
 from rtx_backend.cache.engines import Entry
 from rtx_backend.export import model as _onnx_model
 from rtx_backend.export.bridge import OnnxRegion, TensorSpec, export_region
@@ -162,7 +163,7 @@ def test_cache_stores_skeleton_and_raw_weights_and_serves_the_same_model(tmp_pat
         model = OnnxModel(skeleton=skeleton, weights=dict(parts))
     region = OnnxRegion(model, (0,), (spec_in,), (spec_out,))
     cache = _engine_cache.EngineCache(tmp_path, 1 << 30)
-    key = _engine_cache.Key("k" * 64, {"test": source})
+    key = store.Key("k" * 64, {"test": source})
     assert cache.store(key, Entry(region, b"engine", {}))
     raw = cache.path(key).read_bytes()
     weight = numpy_helper.to_array(_proto().graph.initializer[0]).tobytes()
@@ -191,14 +192,14 @@ def test_cache_stores_skeleton_and_raw_weights_and_serves_the_same_model(tmp_pat
 def test_a_corrupt_weight_table_is_a_miss_not_a_crash(tmp_path, caplog, table, why):
     spec_in = TensorSpec("input_0", (4, 64), torch.float32, (4, 64), ((4, 4), (64, 64)))
     region = OnnxRegion(OnnxModel(ir.from_proto(_proto())), (0,), (spec_in,), ())
-    key = _engine_cache.Key("k" * 64, {"test": "corrupt"})
+    key = store.Key("k" * 64, {"test": "corrupt"})
     chunks = _engine_cache.encode(key, Entry(region, b"engine", {}))
     header = json.loads(chunks[2])
     header["onnx"]["weights"] = table
     # a consistent, signed but wrong header: what our own writer would frame, had it a bug
-    framed = _engine_cache.framed_header(_engine_cache.MAGIC, header)
+    framed = store.framed_header(store.MAGIC, header)
     data = b"".join(bytes(c) for c in [*framed, *chunks[3:]])
-    with pytest.raises(_engine_cache.CorruptEntry, match=why):
+    with pytest.raises(store.CorruptEntry, match=why):
         _engine_cache.decode(data, key)
 
 

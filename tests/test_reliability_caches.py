@@ -39,6 +39,7 @@ import torch
 import rtx_backend
 from rtx_backend import _files
 from rtx_backend.cache import engines as _engine_cache
+from rtx_backend.cache import store
 from rtx_backend.cache.engines import EngineCache, Entry, Key
 from rtx_backend.export.bridge import OnnxRegion, TensorSpec
 from rtx_backend.run import runtime_cache as _runtime_cache
@@ -92,7 +93,7 @@ def _kernels(version: int, size: int = 4096) -> bytes:
 def _read_entry(path: Path, key: Key) -> Entry | None:
     try:
         return _engine_cache.decode(path.read_bytes(), key)
-    except (OSError, _engine_cache.CorruptEntry):
+    except (OSError, store.CorruptEntry):
         return None
 
 
@@ -100,7 +101,7 @@ def _read_kernels(path: Path) -> bytes | None:
     cache = FakeRuntimeCache()
     try:
         return cache.kernels if cache.deserialize(_runtime_cache.unwrap(path.read_bytes())) else None
-    except (OSError, _runtime_cache.Foreign, _engine_cache.CorruptEntry):
+    except (OSError, _runtime_cache.Foreign, store.CorruptEntry):
         return None
 
 
@@ -201,8 +202,8 @@ def _restore(path):
 def _engine_header_flip(path, mp):
     """A one-bit flip in the region metadata that keeps the header valid JSON ("8" -> "9")."""
     data = path.read_bytes()
-    start = len(_engine_cache.MAGIC) + 8
-    head_len = int.from_bytes(data[len(_engine_cache.MAGIC):start], "little")
+    start = len(store.MAGIC) + 8
+    head_len = int.from_bytes(data[len(store.MAGIC):start], "little")
     head = data[start:start + head_len]
     at = head.index(b'"name": "output_0", "shape": [') + len(b'"name": "output_0", "shape": [')
     while not chr(head[at]).isalnum():
@@ -225,13 +226,13 @@ def _engine_foreign_format(path, mp):
 
 def _engine_huge_header_length(path, mp):
     data = path.read_bytes()
-    n = len(_engine_cache.MAGIC)
+    n = len(store.MAGIC)
     path.write_bytes(data[:n] + (2**62).to_bytes(8, "little") + data[n + 8:])
 
 
 def _engine_nested_json(path, mp):
     head = b"[" * 100_000 + b"]" * 100_000
-    path.write_bytes(_engine_cache.MAGIC + len(head).to_bytes(8, "little") + head)
+    path.write_bytes(store.MAGIC + len(head).to_bytes(8, "little") + head)
 
 
 def _engine_other_inputs(path, mp):

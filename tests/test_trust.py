@@ -13,8 +13,8 @@ import torch
 import rtx_backend
 from rtx_backend import _trust
 from rtx_backend._options import Options
-from rtx_backend.cache import engines as _engine_cache
 from rtx_backend.cache import graphs as _graph_cache
+from rtx_backend.cache import store
 from rtx_backend.cache.engines import EngineCache
 
 from .helpers import compile_and_run
@@ -119,4 +119,4 @@ def test_files_signed_by_another_user_are_misses(tmp_path, monkeypatch, caplog):
         _compile_into(tmp_path / "engines")
     stats = rtx_backend.stats()
     assert stats["graph_cache_misses"] == 1 and stats["engine_builds"] == 1 and "engine_cache_hits" not in stats
-    assert _engine_cache.NOT_SIGNED.split(";")[0] in caplog.text
+    assert store.NOT_SIGNED.split(";")[0] in caplog.text

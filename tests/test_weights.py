@@ -149,7 +149,7 @@ def test_a_graph_cache_hit_checks_its_weights_too():
     model = mlp()
     x = torch.randn(8, 6)
     assert diff(torch.compile(model, backend="trtrtx", options=CPU), model, x) < 1e-5
-    rtx_backend.cache.engines.flush()
+    rtx_backend.cache.store.flush()
     torch._dynamo.reset()
     compiled = torch.compile(model, backend="trtrtx", options=CPU)
     assert diff(compiled, model, x) < 1e-5
@@ -221,7 +221,7 @@ def test_an_engine_stored_under_new_weights_is_found_by_a_fine_tuned_copy():
     """The key a refitted engine is stored under (_store) is the key a compile of the fine-tuned
     model computes: that compile loads the engine instead of building one."""
     from rtx_backend.assemble import weights as _weights
-    from rtx_backend.cache import engines as _engine_cache
+    from rtx_backend.cache import store
 
     model = mlp()
     x = torch.randn(8, 6)
@@ -234,7 +234,7 @@ def test_an_engine_stored_under_new_weights_is_found_by_a_fine_tuned_copy():
     values = {"gm." + name: t for name, t in region.graph_module.named_buffers()}
     key = _weights._store(region, _weights.with_weights(region.onnx, values), region.engine, Options.from_dict(CPU))
     assert key is not None and key.name != old_key.name
-    _engine_cache.flush()
+    store.flush()
     torch._dynamo.reset()
     rtx_backend.reset_stats()
     tuned = mlp()
@@ -401,7 +401,7 @@ def test_gpu_a_refitted_engine_is_cached_under_its_new_weights():
         model[0].weight.mul_(2.0)
         compiled(x)
     needs_refittable_engines()
-    rtx_backend.cache.engines.flush()
+    rtx_backend.cache.store.flush()
     torch._dynamo.reset()
     rtx_backend.reset_stats()
     tuned = mlp().cuda()

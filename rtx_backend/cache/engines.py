@@ -3,7 +3,8 @@
 The key is a SHA-256 of everything that changes an engine: the region's graph (its code, its
 inputs' dtypes and shapes, the bytes of its frozen weights), the optimization profile, the
 declared targets (or, with none declared, the current GPU), the TensorRT-RTX, torch and
-exporter versions, a hash of the export/profile/build code, and the options that matter.
+exporter versions, a hash of the whole package's code (store.package_fingerprint), and the
+options that matter.
 With declared targets nothing in the key depends on the build machine, so an engine built on
 a laptop without a GPU is a hit on the RTX GPU it was built for.
 
@@ -27,14 +28,12 @@ import concurrent.futures
 import contextlib
 import contextvars
 import dataclasses
-import functools
 import hashlib
 import json
 import logging
 import os
 import re
-import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -48,19 +47,28 @@ from .._options import Options
 from ..build.engine import EngineData, Profile
 from ..export.bridge import OnnxRegion, TensorSpec
 from ..export.model import OnnxModel, as_bytes
+from . import store
+from .store import (
+    GRAPH_SUFFIX,
+    MAGIC,
+    SUFFIX,
+    VALIDATED_MAGIC,
+    VALIDATED_SUFFIX,
+    CorruptEntry,
+    Key,
+    flush,
+    framed_header,
+    is_our_name,
+    is_ours,
+    our_files,
+    read_header,
+    write_behind,
+)
 
 log = logging.getLogger("rtx_backend")
 
 PARALLEL_HASH_BYTES = 8 << 20  # below this, a thread pool costs about what it saves
 FORMAT = 2  # 2: in-memory models stored as skeleton and raw weights
-MAGIC = b"TRTRTX-ENGINE-CACHE\n"
-SUFFIX = ".engine"
-GRAPH_SUFFIX = ".graph"  # graph-cache entries (_graph_cache) share the directory and its size limit
-VALIDATED_SUFFIX = ".validated"  # beside an entry: the GPUs and drivers its engine was validated on
-GRAPH_MAGIC = b"TRTRTX-GRAPH-CACHE\n"  # _graph_cache's
-VALIDATED_MAGIC = b"TRTRTX-VALIDATED\n"
-MAGICS = {SUFFIX: MAGIC, GRAPH_SUFFIX: GRAPH_MAGIC, VALIDATED_SUFFIX: VALIDATED_MAGIC}
-_OUR_NAME = re.compile(r"[0-9a-f]{64}(?P<suffix>\.engine|\.graph|\.validated)")
 _DEVICE = re.compile(r"device\(type='\w+'(, index=\d+)?\)")
 
 
@@ -73,62 +81,11 @@ class Entry:
     profile: Profile
 
 
-@dataclasses.dataclass(frozen=True)
-class Key:
-    """An entry's name (the SHA-256 of `fields`) and the fields, stored in the entry for checks."""
-
-    name: str
-    fields: dict[str, Any]
-
-
-# ---- write-behind: cache files are written off the compile's path, in order ---------------------
-
-_writer: concurrent.futures.ThreadPoolExecutor | None = None
-_writer_lock = threading.Lock()
-_pending: dict[concurrent.futures.Future[Any], str] = {}  # pending write -> the key it writes
-
-
-def write_behind(key: Key, fn: Callable[..., Any], *args: Any) -> concurrent.futures.Future[Any]:
-    """Run `fn(*args)`, which writes `key`'s files, on the cache's writer thread (one: writes land
-    in submission order, so a validation record follows its entry). The interpreter waits for
-    pending writes at exit."""
-    global _writer
-    with _writer_lock:
-        if _writer is None:
-            _writer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="trtrtx-cache-write")
-        future = _writer.submit(fn, *args)
-        _pending[future] = key.name
-    future.add_done_callback(_finished)
-    return future
-
-
-def _finished(future: concurrent.futures.Future[Any]) -> None:
-    with _writer_lock:
-        _pending.pop(future, None)
-    if not future.cancelled() and future.exception() is not None:  # store() reports its own OSErrors
-        log.warning("trtrtx: writing to the engine cache failed: %s", future.exception())
-
-
-_reader: concurrent.futures.ThreadPoolExecutor | None = None
-_reader_lock = threading.Lock()
-
-
 def fetch_ahead(cache: EngineCache, keys: Sequence[Key]) -> list[concurrent.futures.Future[Entry | None]]:
     """Begin `cache.fetch` of each key on reader threads: reading a file and checking its sums let
     go of the GIL, so a graph-cache hit reads its engines while it unpickles its graph, and a
     graph of several regions reads their engines at once. Pass each future to `load`."""
-    global _reader
-    with _reader_lock:
-        if _reader is None:
-            _reader = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="trtrtx-cache-read")
-        return [_reader.submit(cache.fetch, key) for key in keys]
-
-
-def flush(key: Key | None = None, timeout: float | None = None) -> None:
-    """Wait until the cache files submitted so far (of `key`, or all) are written."""
-    with _writer_lock:
-        pending = [f for f, name in _pending.items() if key is None or name == key.name]
-    concurrent.futures.wait(pending, timeout=timeout)
+    return store.THREADS.read(cache.fetch, keys)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -144,10 +101,6 @@ class Validation:
 
     def mark(self) -> None:
         write_behind(self.key, self.cache.mark_validated, self.key)  # after its entry's pending write
-
-
-class CorruptEntry(Exception):
-    """An entry file failed a check (internal: it becomes a warning and a rebuild)."""
 
 
 # ---- the key -----------------------------------------------------------------------------------
@@ -248,7 +201,7 @@ def key_fields(digest: str, profile: Profile, options: Options) -> dict[str, Any
             "torch": torch.__version__.split("+")[0],
             "onnxscript": _version("onnxscript"),
             "trtrtx": _version("trtrtx"),
-            "pipeline": _pipeline_fingerprint(),
+            "package": store.package_fingerprint(),
         },
         "options": options.cache_key_fields(),
     }
@@ -449,32 +402,6 @@ class EngineCache:
                     log.info("trtrtx: engine cache full, evicted %s", path.name)
 
 
-def is_our_name(name: str) -> bool:
-    """Whether a file name is one that this cache writes: `<sha256>.engine|.graph|.validated`."""
-    return _OUR_NAME.fullmatch(name) is not None
-
-
-def is_ours(path: Path) -> bool:
-    """Whether `path` is a file of this cache: our name and our magic (a regular file: nothing
-    else is ever opened in a way that could block)."""
-    m = _OUR_NAME.fullmatch(path.name)
-    if m is None:
-        return False
-    magic = MAGICS[m["suffix"]]
-    return _files.read_head(path, len(magic)) == magic
-
-
-def our_files(directory: Path, suffixes: Sequence[str] = tuple(MAGICS)) -> list[Path]:
-    """The files of this cache in `directory` (see is_ours), of the given kinds."""
-    out = []
-    with contextlib.suppress(OSError):
-        for item in os.scandir(directory):
-            path = Path(item.path)
-            if path.suffix in suffixes and is_ours(path):
-                out.append(path)
-    return out
-
-
 # ---- the entry file ----------------------------------------------------------------------------
 
 
@@ -507,66 +434,6 @@ def encode(key: Key, entry: Entry) -> list[Any]:
     return [*framed_header(MAGIC, header), *chunks, engine]  # the region metadata and profile are served too
 
 
-def framed_header(magic: bytes, header: dict[str, Any], secret: bytes | None = None) -> list[bytes]:
-    """A cache file's first chunks: magic, the header's length (8 bytes, little endian), the JSON
-    header with its own SHA-256 (it is served as well as the payload) and this user's HMAC of that
-    SHA-256 (`secret`: default this user's cache key). Raises ValueError without a usable key."""
-    header.pop("header_sha256", None)
-    header.pop("mac", None)
-    secret = secret if secret is not None else _trust.secret()
-    if secret is None:
-        raise ValueError("there is no usable cache key to sign the file with")
-    digest = _header_digest(header)
-    header["header_sha256"] = digest
-    header["mac"] = _trust.sign(digest, secret)
-    head = json.dumps(header, sort_keys=True).encode()
-    return [magic, len(head).to_bytes(8, "little"), head]
-
-
-NOT_SIGNED = (f"not signed with your cache key (written by another user or on another machine, or altered); "
-              f"it is not used. To use a cache copied from elsewhere, run `{_trust.ADOPT_HINT} DIR`")
-
-
-def parse_header(data: Any, magic: bytes, secret: bytes | None) -> tuple[dict[str, Any], int, bool]:
-    """A cache file's header (checked against its SHA-256), where its payload starts, and whether
-    it is signed with `secret`. Raises CorruptEntry."""
-    start = len(magic) + 8
-    if len(data) < start or data[:len(magic)] != magic:
-        raise CorruptEntry("not a cache entry of this kind (truncated or foreign)")
-    head_len = int.from_bytes(data[len(magic):start], "little")
-    if start + head_len > len(data):
-        raise CorruptEntry("truncated header")
-    try:
-        header = json.loads(data[start:start + head_len])
-        mac = header.pop("mac", None)
-        digest = header.pop("header_sha256", None)
-        if digest != _header_digest(header):
-            raise CorruptEntry("header checksum mismatch")
-    except CorruptEntry:
-        raise
-    except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:  # JSONDecodeError is a ValueError
-        raise CorruptEntry(f"unreadable header ({type(exc).__name__}: {exc})") from exc
-    return header, start + head_len, secret is not None and _trust.verify(digest, mac, secret)
-
-
-def read_header(data: Any, magic: bytes, key: Key | None, file_format: int) -> tuple[dict[str, Any], int]:
-    """The checked header of a cache file written by this user for `key` (None: a file of no
-    key, such as a runtime cache), and where its payload starts. Nothing in the header is
-    trusted before its HMAC is checked."""
-    header, at, signed = parse_header(data, magic, _trust.secret())
-    if not signed:
-        raise CorruptEntry(NOT_SIGNED)
-    try:
-        if header["format"] != file_format or (key is not None and (header["key"] != key.name
-                                                                    or header["fields"] != key.fields)):
-            raise CorruptEntry("written for another key or format")
-    except CorruptEntry:
-        raise
-    except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
-        raise CorruptEntry(f"unreadable header ({type(exc).__name__}: {exc})") from exc
-    return header, at
-
-
 def decode(data: Any, key: Key) -> Entry:
     """The entry in `data`; raises CorruptEntry naming the first check that failed."""
     header, onnx_at = read_header(data, MAGIC, key, FORMAT)
@@ -591,16 +458,6 @@ def decode(data: Any, key: Key) -> Entry:
     return Entry(region, engine, profile)
 
 
-def sha256s(buffers: Sequence[memoryview]) -> list[str]:
-    """The SHA-256 of each buffer, computed at once when they are large (hashlib lets go of the
-    GIL): a warm start checks both the ONNX model and the engine of every entry it loads."""
-    if len(buffers) < 2 or sum(len(b) for b in buffers) < PARALLEL_HASH_BYTES:
-        return [hashlib.sha256(b).hexdigest() for b in buffers]
-    with concurrent.futures.ThreadPoolExecutor(len(buffers) - 1) as pool:
-        rest = [pool.submit(lambda b: hashlib.sha256(b).hexdigest(), b) for b in buffers[1:]]
-        return [hashlib.sha256(buffers[0]).hexdigest(), *(f.result() for f in rest)]
-
-
 def _onnx_source(data: Any, start: int, end: int, meta: dict[str, Any]) -> bytes | OnnxModel:
     """The stored ONNX model: its bytes, or its skeleton and weights (views into `data`, no copy)."""
     if "weights" not in meta:
@@ -615,10 +472,6 @@ def _onnx_source(data: Any, start: int, end: int, meta: dict[str, Any]) -> bytes
     if at != end or not start <= start + int(meta["skeleton"]) <= end:
         raise CorruptEntry("the weight table does not match the ONNX section")
     return OnnxModel(skeleton=skeleton, weights=weights)
-
-
-def _header_digest(header: dict[str, Any]) -> str:
-    return hashlib.sha256(json.dumps(header, sort_keys=True).encode()).hexdigest()
 
 
 def _region_to_json(region: OnnxRegion) -> dict[str, Any]:
@@ -690,28 +543,18 @@ def _tensor_bytes(t: torch.Tensor) -> memoryview | None:
         return None
 
 
-@functools.cache
-def _pipeline_fingerprint() -> str:
-    """A hash of the code that turns a region graph into an engine (export, screen, profile, build).
-
-    The key is computed before export, so an edited bridge must not be served old engines,
-    even when the package version did not change (development, installs from a branch).
-    """
-    h = hashlib.sha256()
-    for name in PIPELINE_MODULES:
-        try:
-            h.update(Path(__file__).with_name(f"{name}.py").read_bytes().replace(b"\r\n", b"\n"))
-        except OSError:
-            h.update(name.encode())
-    return h.hexdigest()
-
-
-# the modules whose code decides what engine a region graph becomes
-PIPELINE_MODULES = ("_onnx_bridge", "_registry", "_onnx_rewrite", "_onnx_model", "_screen", "_profiles", "_engine")
-
-
 def _version(distribution: str) -> str:
     try:
         return metadata.version(distribution)
     except metadata.PackageNotFoundError:
         return "unknown"
+
+
+def sha256s(buffers: Sequence[memoryview]) -> list[str]:
+    """The SHA-256 of each buffer, computed at once when they are large (hashlib lets go of the
+    GIL): a warm start checks both the ONNX model and the engine of every entry it loads."""
+    if len(buffers) < 2 or sum(len(b) for b in buffers) < PARALLEL_HASH_BYTES:
+        return [hashlib.sha256(b).hexdigest() for b in buffers]
+    with concurrent.futures.ThreadPoolExecutor(len(buffers) - 1) as pool:
+        rest = [pool.submit(lambda b: hashlib.sha256(b).hexdigest(), b) for b in buffers[1:]]
+        return [hashlib.sha256(buffers[0]).hexdigest(), *(f.result() for f in rest)]

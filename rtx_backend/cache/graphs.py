@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import hashlib
 import io
 import logging
@@ -46,16 +45,16 @@ import torch
 
 from .. import _files, _stats, _targets, _trt, _trust
 from .._options import Options
-from ..cache import engines as _engine_cache
-from ..cache.engines import CorruptEntry, Key
 from ..lower.lowering import is_weight
-from ..run.region import RegionModule
+from . import engines as _engine_cache
+from . import store
+from .store import CorruptEntry, Key
 
 log = logging.getLogger("rtx_backend")
 
 FORMAT = 1
-MAGIC = _engine_cache.GRAPH_MAGIC
-SUFFIX = _engine_cache.GRAPH_SUFFIX
+MAGIC = store.GRAPH_MAGIC
+SUFFIX = store.GRAPH_SUFFIX
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,7 +127,7 @@ def _graph_key(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options:
         "targets": [list(t) for t in targets] if targets is not None else {"current": _engine_cache.current_gpu()},
         "tensorrt_rtx": _trt.version(),
         "torch": torch.__version__,
-        "package": _package_fingerprint(),
+        "package": store.package_fingerprint(),
         "options": _option_fields(options),
     }
     return Key(_engine_cache.make_key(fields), fields)
@@ -201,18 +200,6 @@ def _option_fields(options: Options) -> dict[str, Any]:
     return {f.name: repr(getattr(options, f.name)) for f in dataclasses.fields(options) if f.name not in skip}
 
 
-@functools.cache
-def _package_fingerprint() -> str:
-    """A hash of every module of this package: lowering, policy and partition shape the graph
-    (the engine cache's fingerprint covers only what shapes an engine)."""
-    h = hashlib.sha256()
-    for path in sorted(Path(__file__).parent.glob("*.py")):
-        h.update(path.name.encode())
-        with contextlib.suppress(OSError):
-            h.update(path.read_bytes().replace(b"\r\n", b"\n"))
-    return h.hexdigest()
-
-
 # ---- the entry ---------------------------------------------------------------------------------
 
 
@@ -224,8 +211,8 @@ def encode(key: Key, entry: Entry, weights: dict[int, torch.Tensor]) -> list[byt
     """The entry file's chunks. Weights (tensors that view a weight's memory) and runtime modules
     are pickled as references; raises TypeError/pickle.PicklingError for what cannot be stored."""
     buffer = io.BytesIO()
-    region_names = {r.name for r in entry.regions}
-    _Pickler(buffer, weights, region_names).dump({
+    regions = {id(getattr(entry.graph_module, r.name)): r.name for r in entry.regions}
+    _Pickler(buffer, weights, regions).dump({
         "graph_module": entry.graph_module,
         "references": entry.references,
         "reasons": entry.reasons,
@@ -240,7 +227,7 @@ def encode(key: Key, entry: Entry, weights: dict[int, torch.Tensor]) -> list[byt
                     for r in entry.regions],
         "payload": {"size": len(payload), "sha256": hashlib.sha256(payload).hexdigest()},
     }
-    return [*_engine_cache.framed_header(MAGIC, header), payload]
+    return [*store.framed_header(MAGIC, header), payload]
 
 
 def decode(
@@ -249,7 +236,7 @@ def decode(
     """The entry in `data`, its weights bound to `example_inputs`; raises CorruptEntry.
     `on_header` is given the regions named by the checked header, before the payload is checked
     and unpickled (the caller may begin reading their engines)."""
-    header, at = _engine_cache.read_header(data, MAGIC, key, FORMAT)
+    header, at = store.read_header(data, MAGIC, key, FORMAT)
     try:
         regions = [RegionRef(r["name"], Key(r["engine"], r["engine_fields"]), r["device"]) for r in header["regions"]]
         size, digest = int(header["payload"]["size"]), header["payload"]["sha256"]
@@ -274,10 +261,10 @@ _NOT_STORED = ("_tracer_cls", "_tracer_extras", "meta")
 
 
 class _Pickler(pickle.Pickler):
-    def __init__(self, file: io.BytesIO, weights: dict[int, torch.Tensor], regions: set[str]) -> None:
+    def __init__(self, file: io.BytesIO, weights: dict[int, torch.Tensor], regions: dict[int, str]) -> None:
         super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
         self.weights = {m: i for i, t in weights.items() if (m := _engine_cache._memory(t)) is not None}
-        self.regions = regions
+        self.regions = regions  # id of each region module -> its name (stored as its engine's reference)
 
     def reducer_override(self, obj: Any) -> Any:
         """A GraphModule as its code, to be traced again with FX's plain tracer: the tracer it was
@@ -289,10 +276,9 @@ class _Pickler(pickle.Pickler):
         return rebuild, (body, import_block)
 
     def persistent_id(self, obj: Any) -> Any:
-        if isinstance(obj, RegionModule):
-            if obj.name not in self.regions:
-                raise pickle.PicklingError(f"region {obj.name} has no engine-cache entry")
-            return ("region", obj.name)
+        region = self.regions.get(id(obj))
+        if region is not None:
+            return ("region", region)
         if isinstance(obj, torch.Tensor):
             index = self.weights.get(_engine_cache._memory(obj))  # type: ignore[arg-type]
             if index is not None:
@@ -384,7 +370,7 @@ class GraphCache:
         """The entry, or None: a miss, or a file that fails a check (a warning). `on_header`: see
         `decode`."""
         path = path_of(self.directory, key)
-        _engine_cache.flush()  # this process may still be writing it
+        store.flush()  # this process may still be writing it
         try:
             data = _files.read_buffer(path)
             entry = decode(data, key, example_inputs, on_header) if data is not None else None
@@ -410,7 +396,7 @@ class GraphCache:
         except Exception as exc:  # what pickle cannot store (an op or constant of an unusual kind)
             log.info("trtrtx: this graph is not cached (%s: %s)", type(exc).__name__, exc)
             return
-        _engine_cache.write_behind(key, self._write, key, chunks)
+        store.write_behind(key, self._write, key, chunks)
 
     def _write(self, key: Key, chunks: list[bytes]) -> None:
         try:

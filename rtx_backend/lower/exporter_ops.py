@@ -19,15 +19,29 @@ from typing import Any
 
 import torch
 
+from .. import _files
 from .._files import atomic_write
 from .._options import default_cache_root
 
 log = logging.getLogger("rtx_backend")
 
 
+FILES = "ops-torch*-onnxscript*.json"  # the op lists of every version pair (clear-cache deletes them)
+
+
 def _path() -> Path:
     versions = f"torch{torch.__version__}-onnxscript{importlib.metadata.version('onnxscript')}"
     return default_cache_root() / "exporter" / f"ops-{versions.replace('+', '_')}.json"
+
+
+def is_ours(path: Path) -> bool:
+    """Whether `path` holds an op list as translated() writes it (a JSON list of op names; read
+    without blocking, as every cache file is)."""
+    try:
+        names = json.loads(_files.read_bytes(path) or b"")
+    except (OSError, ValueError):
+        return False
+    return isinstance(names, list) and all(isinstance(n, str) for n in names)
 
 
 @functools.cache

@@ -34,7 +34,7 @@ import filelock
 
 from .. import _files, _stats, _trt, _trust
 from .._options import Options
-from ..cache.engines import CorruptEntry, framed_header, read_header
+from ..cache.store import CorruptEntry, framed_header, read_header
 
 log = logging.getLogger("rtx_backend")
 

@@ -22,7 +22,8 @@ import filelock
 
 from .. import _files, _trust
 from ..cache import engines as _engine_cache
-from ..cache.engines import CorruptEntry
+from ..cache import store
+from ..cache.store import CorruptEntry
 
 
 @dataclasses.dataclass
@@ -68,7 +69,7 @@ def adopt_cache(directory: Path) -> Adopted:
         return report
     with filelock.FileLock(str(directory / ".lock"), timeout=_files.LOCK_TIMEOUT_S):
         for path in sorted(directory.iterdir()):
-            if not _engine_cache.is_our_name(path.name):
+            if not store.is_our_name(path.name):
                 continue
             try:
                 _adopt_file(path, secret)
@@ -82,11 +83,11 @@ def _adopt_file(path: Path, secret: bytes) -> None:
     st = os.lstat(path)
     if not stat.S_ISREG(st.st_mode):
         raise CorruptEntry("not a regular file")
-    magic = _engine_cache.MAGICS[path.suffix]
+    magic = store.MAGICS[path.suffix]
     data = _files.read_buffer(path)
     if data is None:
         raise CorruptEntry("it is gone")
-    header, at, signed = _engine_cache.parse_header(data, magic, secret)
+    header, at, signed = store.parse_header(data, magic, secret)
     try:
         if header["key"] != path.stem or _engine_cache.make_key(header["fields"]) != header["key"]:
             raise CorruptEntry("its name is not the key that its header describes")
@@ -95,11 +96,11 @@ def _adopt_file(path: Path, secret: bytes) -> None:
     except (KeyError, TypeError, ValueError) as exc:
         raise CorruptEntry(f"unreadable header ({type(exc).__name__}: {exc})") from exc
     if not signed:
-        _files.replace(path, [*_engine_cache.framed_header(magic, header, secret), payload])
+        _files.replace(path, [*store.framed_header(magic, header, secret), payload])
 
 
 def _check_payload(suffix: str, header: dict[str, Any], payload: memoryview) -> None:
-    if suffix == _engine_cache.SUFFIX:
+    if suffix == store.SUFFIX:
         onnx_size, engine_size = int(header["onnx"]["size"]), int(header["engine"]["size"])
         if onnx_size + engine_size != len(payload):
             raise CorruptEntry("truncated or padded payload")
@@ -107,7 +108,7 @@ def _check_payload(suffix: str, header: dict[str, Any], payload: memoryview) -> 
             raise CorruptEntry("ONNX checksum mismatch")
         if hashlib.sha256(payload[onnx_size:]).hexdigest() != header["engine"]["sha256"]:
             raise CorruptEntry("engine checksum mismatch")
-    elif suffix == _engine_cache.GRAPH_SUFFIX:
+    elif suffix == store.GRAPH_SUFFIX:
         from ..cache.graphs import scan_globals
 
         if int(header["payload"]["size"]) != len(payload) or hashlib.sha256(payload).hexdigest() != header["payload"]["sha256"]:

@@ -107,8 +107,10 @@ def cache_info(engine_dir: Path | None = None, runtime_dir: Path | None = None) 
 
 
 def clear_caches(engine_dir: Path | None = None, runtime_dir: Path | None = None) -> dict[str, dict[str, Any]]:
-    """Delete cached engines, graphs, validation records and runtime caches: only files whose names
-    and first bytes are ours (never a user's file that happens to sit there), never lock files.
+    """Delete everything the caches wrote: engines, graphs, validation records, runtime caches,
+    the exporter's op list, and temp files that killed writers left behind. Only files whose
+    names and first bytes are ours (never a user's file that happens to sit there), never lock
+    files, never the temp file of a writer that is still running.
 
     The engine cache's own lock is held, as its eviction does, so no writer is mid-way.
     """
@@ -116,15 +118,15 @@ def clear_caches(engine_dir: Path | None = None, runtime_dir: Path | None = None
 
     from .._files import LOCK_TIMEOUT_S
 
-    dirs = cache_dirs(engine_dir, runtime_dir)
+    dirs = {**cache_dirs(engine_dir, runtime_dir), "exporter": default_cache_root() / "exporter"}
     out: dict[str, dict[str, Any]] = {}
-    for kind in ("engines", "runtime"):
+    for kind in ("engines", "runtime", "exporter"):
         directory = dirs[kind]
         removed = freed = 0
         lock = (filelock.FileLock(str(directory / ".lock"), timeout=LOCK_TIMEOUT_S)
                 if kind == "engines" and directory.is_dir() else contextlib.nullcontext())
         with lock:
-            for path, size in _files(kind, directory):
+            for path, size in _files(kind, directory) + _stale_temps(kind, directory):
                 with contextlib.suppress(FileNotFoundError):
                     path.unlink()
                     removed, freed = removed + 1, freed + size
@@ -133,21 +135,47 @@ def clear_caches(engine_dir: Path | None = None, runtime_dir: Path | None = None
 
 
 def _files(kind: str, directory: Path) -> list[tuple[Path, int]]:
-    """The cache files of ours in `directory` (engine cache or runtime cache) and their sizes."""
+    """The cache files of ours in `directory` (engine cache, runtime cache or the exporter's op
+    list) and their sizes."""
     from .. import _files
-    from ..cache import engines as _engine_cache
+    from ..cache import store
+    from ..lower import exporter_ops
     from ..run.runtime_cache import MAGIC
 
     paths: list[Path] = []
     if kind == "engines":
-        paths = _engine_cache.our_files(directory)
-    else:
+        paths = store.our_files(directory)
+    elif kind == "runtime":
         with contextlib.suppress(OSError):
             paths = [p for p in directory.glob(RUNTIME_FILES) if _files.read_head(p, len(MAGIC)) == MAGIC]
+    else:
+        with contextlib.suppress(OSError):
+            paths = [p for p in directory.glob(exporter_ops.FILES) if exporter_ops.is_ours(p)]
     out = []
     for path in paths:
         with contextlib.suppress(OSError):
             out.append((path, path.lstat().st_size))
+    return out
+
+
+def _stale_temps(kind: str, directory: Path) -> list[tuple[Path, int]]:
+    """The temp files of our files in `directory` whose writers are gone, and their sizes."""
+    import fnmatch
+    import os
+    import stat
+
+    from .. import _files
+    from ..cache import store
+    from ..lower import exporter_ops
+
+    ours = {"engines": store.is_our_name, "runtime": lambda n: fnmatch.fnmatch(n, RUNTIME_FILES),
+            "exporter": lambda n: fnmatch.fnmatch(n, exporter_ops.FILES)}[kind]
+    out = []
+    for path, host, pid in _files.temps(directory, ours):
+        with contextlib.suppress(OSError):
+            st = os.lstat(path)
+            if stat.S_ISREG(st.st_mode) and _files.stale(host, pid, st.st_mtime):
+                out.append((path, st.st_size))
     return out
 
 
