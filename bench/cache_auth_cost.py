@@ -22,9 +22,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench
 from rtx_backend import _files, _trust
+from rtx_backend._types import OnnxRegion, TensorSpec
 from rtx_backend.cache import engines as _engine_cache
 from rtx_backend.cache.engines import EngineCache, Entry, Key
-from rtx_backend.export.bridge import OnnxRegion, TensorSpec
 
 
 def best_of(fn, n: int) -> float:

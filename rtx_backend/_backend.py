@@ -21,8 +21,9 @@ from . import _stats, _targets, _trt
 from ._errors import BuildError, OptionsError, RegionRefused, RtxBackendError, RuntimeUnavailableError
 from ._options import Options, options_for_mode
 from ._record import CompiledGraph, record
+from ._types import EngineData, OnnxRegion, Profile, Reason
 from .assemble.weights import guard_weights
-from .build.engine import EngineData, Network, Profile, build, parse_network
+from .build.engine import Network, build, parse_network
 from .build.profiles import EngineProfile, dim_labels, make_profile, symbol_overrides
 from .build.progress import build_progress
 from .build.screen import check_region
@@ -32,12 +33,13 @@ from .cache.engines import Entry as CacheEntry
 from .cache.engines import Key as CacheKey
 from .cache.graphs import Entry as GraphEntry
 from .cache.graphs import GraphCache, RegionRef, graph_key, shape_state
-from .export.bridge import OnnxRegion, export_region, input_specs
+from .export.bridge import export_region, input_specs
 from .export.dump import dump_region
 from .export.model import OnnxModel
 from .lower.lowering import is_weight, lower, needs_autograd, without_autocast
+from .plan.fixes import FIXES, TARGET_RULES
 from .plan.partition import PartitionPlan, partition
-from .plan.policy import CapabilitySupport, Reason
+from .plan.policy import CapabilitySupport
 from .run.executors import OrtExecutor, TorchExecutor, TrtExecutor
 from .run.region import RegionModule, direct_forward, region_device
 
@@ -440,11 +442,9 @@ def _ort(onnx_region: Any) -> OrtExecutor:
 def _warn_nothing_lowered(plan: PartitionPlan) -> None:
     """A graph of which nothing runs on TensorRT-RTX because of the declared targets (an FP32
     model for Turing, say) deserves more than an INFO line: say which rules, and the fix."""
-    from .tools.explain import _TARGET_RULES, FIXES
-
     counts: dict[str, int] = {}
     for reason in plan.reasons.values():
-        if reason.rule in _TARGET_RULES:
+        if reason.rule in TARGET_RULES:
             counts[reason.rule] = counts.get(reason.rule, 0) + 1
     if counts:
         rules = "; ".join(f"{rule} kept {n} node(s) in PyTorch (fix: {FIXES[rule]})" for rule, n in counts.items())

@@ -15,9 +15,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
+from . import _trt
 from ._errors import OptionsError
+from ._types import Target
 
-Target = tuple[int, int]
 RUNTIMES = ("auto", "tensorrt_rtx", "onnxruntime")
 SPECIALIZATION_STRATEGIES = ("lazy", "eager", "none")
 CUDA_GRAPH_STRATEGIES = ("disabled", "whole_graph_capture")
@@ -249,9 +250,7 @@ def _targets(key: str, value: Any) -> tuple[Target, ...] | None:
             out.append(target)
     if not out:
         raise OptionsError(f"{key} is empty; give at least one (major, minor) or None")
-    from ._targets import check_buildable
-
-    check_buildable(tuple(out))
+    _trt.check_buildable(tuple(out))
     return tuple(out)
 
 
@@ -265,8 +264,6 @@ def _is_pair(value: Any) -> bool:
 def _op_names(key: str, value: Any) -> frozenset[str]:
     if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
         raise OptionsError(f"{key}={value!r} is not valid; give a list of op names")
-    from .plan.policy import normalize_op_name
-
     names = set()
     for item in value:
         name = normalize_op_name(item)
@@ -384,3 +381,21 @@ def _document(cls: type) -> None:
 
 
 _document(Options)
+
+
+def normalize_op_name(item: Any) -> str | None:
+    """'aten.relu', 'aten::relu.default', torch.ops.aten.relu -> 'aten::relu[.overload]'."""
+    import torch
+
+    if isinstance(item, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
+        item = str(item)
+    if not isinstance(item, str):
+        return None
+    text = item.strip().removeprefix("torch.ops.").replace("::", ".")
+    parts = text.split(".")
+    if len(parts) not in (2, 3) or not all(re.fullmatch(r"\w+", p) for p in parts):
+        return None
+    name = f"{parts[0]}::{parts[1]}"
+    if len(parts) == 3 and parts[2] != "default":
+        name += f".{parts[2]}"
+    return name

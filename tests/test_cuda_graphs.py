@@ -14,11 +14,11 @@ import pytest
 import torch
 
 import rtx_backend
-from rtx_backend import _trt
+from rtx_backend import _targets, _trt
 from rtx_backend._errors import RuntimeUnavailableError
 from rtx_backend._options import Options
 from rtx_backend._record import recording
-from rtx_backend.export.bridge import OnnxRegion, TensorSpec
+from rtx_backend._types import OnnxRegion, TensorSpec
 from rtx_backend.run import executors as _executors
 from rtx_backend.run import runtime_cache as _runtime_cache
 from rtx_backend.run.region import RegionModule
@@ -145,7 +145,7 @@ def fake_executor(monkeypatch):
     monkeypatch.setattr(_executors, "current_raw_stream", lambda index: world.stream)
     monkeypatch.setattr(_executors, "stream_capturing", lambda: world.capturing)
     monkeypatch.setattr(_runtime_cache, "_CACHES", {})
-    monkeypatch.setattr(_runtime_cache, "gpu_identity_parts", lambda: ("NVIDIA GeForce RTX 3090", (8, 6)))
+    monkeypatch.setattr(_targets, "gpu_identity_parts", lambda: ("NVIDIA GeForce RTX 3090", (8, 6)))
 
     def make(*, capturable: bool = True, dynamic: bool = False, **options):
         engine = FakeEngine(capturable)

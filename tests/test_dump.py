@@ -8,7 +8,7 @@ import logging
 import onnx
 import torch
 
-from rtx_backend.export.bridge import OnnxRegion, TensorSpec
+from rtx_backend._types import OnnxRegion, TensorSpec
 from rtx_backend.export.dump import dump_region
 
 from .helpers import compile_and_run, regions

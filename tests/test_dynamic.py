@@ -27,10 +27,11 @@ import rtx_backend
 from rtx_backend import _trt
 from rtx_backend._errors import BuildError
 from rtx_backend._record import recording
+from rtx_backend._types import OnnxRegion, TensorSpec
 from rtx_backend.build import engine as _engine
 from rtx_backend.build.profiles import EngineProfile
 from rtx_backend.cache import store
-from rtx_backend.export.bridge import OnnxRegion, TensorSpec, export_region
+from rtx_backend.export.bridge import export_region
 from rtx_backend.run.executors import TrtExecutor
 from rtx_backend.run.region import RegionModule
 

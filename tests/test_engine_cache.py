@@ -18,10 +18,10 @@ import torch
 import rtx_backend
 from rtx_backend import _backend, _files, _stats, _trt
 from rtx_backend._options import Options
+from rtx_backend._types import OnnxRegion, TensorSpec
 from rtx_backend.cache import engines as _engine_cache
 from rtx_backend.cache import store
 from rtx_backend.cache.engines import EngineCache, Entry, Key
-from rtx_backend.export.bridge import OnnxRegion, TensorSpec
 
 from .helpers import compile_and_run, regions
 from .models import MLP, eval_model

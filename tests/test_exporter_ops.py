@@ -1,4 +1,4 @@
-"""The exporter's op list (rtx_backend/_exporter_ops.py): built once, then read from the cache root."""
+"""The exporter's op list (rtx_backend/lower/exporter_ops.py): built once, then read from the cache root."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from rtx_backend.lower import exporter_ops as _exporter_ops
+from rtx_backend.lower import registry as _registry
 
 
 @pytest.fixture
@@ -26,7 +27,7 @@ def test_list_matches_the_registry_and_is_reused_by_a_later_start(fresh, monkeyp
     from torch.onnx._internal.exporter import _decomp
 
     names = _exporter_ops.translated()
-    registry = _exporter_ops.registry()
+    registry = _registry.full_registry()
     expected = {str(op) for op in _decomp.get_onnx_implemented_overloads(registry)
                 if isinstance(op, torch._ops.OpOverload)}
     assert names == expected
@@ -35,7 +36,7 @@ def test_list_matches_the_registry_and_is_reused_by_a_later_start(fresh, monkeyp
     (saved,) = fresh.glob("exporter/ops-*.json")
     assert set(json.loads(saved.read_text())) == names
     _exporter_ops.translated.cache_clear()  # a new process: the file answers
-    monkeypatch.setattr(_exporter_ops, "registry", _no_registry)
+    monkeypatch.setattr(_registry, "full_registry", _no_registry)
     assert _exporter_ops.translated() == names
     assert torch.ops.aten.scaled_dot_product_attention.default in _exporter_ops.overloads()
 

@@ -15,12 +15,13 @@ from onnx import TensorProto, helper, numpy_helper
 from torch import nn
 
 from rtx_backend import _trt
+from rtx_backend._types import OnnxRegion, TensorSpec
 from rtx_backend.build import engine as _engine
 from rtx_backend.cache import engines as _engine_cache
 from rtx_backend.cache import store
 from rtx_backend.cache.engines import Entry
 from rtx_backend.export import model as _onnx_model
-from rtx_backend.export.bridge import OnnxRegion, TensorSpec, export_region
+from rtx_backend.export.bridge import export_region
 from rtx_backend.export.model import EXTERNAL_MIN_BYTES, OnnxModel, host_bytes
 
 from .test_policy import lowered, plan

@@ -10,6 +10,7 @@ import torch
 import rtx_backend
 from rtx_backend import Options, OptionsError
 from rtx_backend._errors import BuildError
+from rtx_backend._types import TensorSpec
 from rtx_backend.build.profiles import (
     EngineProfile,
     contains,
@@ -18,7 +19,6 @@ from rtx_backend.build.profiles import (
     symbol_overrides,
     widen,
 )
-from rtx_backend.export.bridge import TensorSpec
 
 F32 = torch.float32
 

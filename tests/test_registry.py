@@ -1,4 +1,4 @@
-"""The exporter's lazy registry (rtx_backend/_registry.py) and the bridge's way to the exporter."""
+"""The exporter's lazy registry (rtx_backend/lower/registry.py) and the bridge's way to the exporter."""
 
 from __future__ import annotations
 
@@ -16,7 +16,6 @@ from torch.onnx._internal.exporter import _registration
 import rtx_backend
 from rtx_backend.export import bridge as _onnx_bridge
 from rtx_backend.export.bridge import export_region
-from rtx_backend.lower import exporter_ops as _exporter_ops
 from rtx_backend.lower import registry as _registry
 from rtx_backend.lower.lowering import lower
 
@@ -67,8 +66,8 @@ def both(monkeypatch):
     returns the list of (lazy path's program, public program) pairs, and the spies."""
     pairs = []
     public = _Spy(torch.onnx.export)
-    full = _Spy(_exporter_ops.registry)
-    monkeypatch.setattr(_exporter_ops, "registry", full)
+    full = _Spy(_registry.full_registry)
+    monkeypatch.setattr(_registry, "full_registry", full)
     to_onnx = _onnx_bridge._to_onnx
 
     def twice(exported, args, input_names, output_names, optimize, keep_weights=False):
@@ -148,9 +147,9 @@ def test_lazy_registry_names_what_the_full_one_names_and_builds_the_same_entries
 
 def test_a_failed_lazy_export_is_retried_with_the_full_registry(monkeypatch):
     empty = _Spy(lambda opset=None: _registration.ONNXRegistry())  # translates nothing
-    full = _Spy(_exporter_ops.registry)
+    full = _Spy(_registry.full_registry)
     monkeypatch.setattr(_registry, "lazy_registry", empty)
-    monkeypatch.setattr(_exporter_ops, "registry", full)
+    monkeypatch.setattr(_registry, "full_registry", full)
     gm = _region(_seeded(NormMLP), torch.randn(4, 16))
     rtx_backend.reset_stats()
     region = export_region(gm)
@@ -174,7 +173,7 @@ def test_a_changed_private_api_falls_back_to_the_public_exporter(how, monkeypatc
     elif how == "other signature":
         monkeypatch.setattr(_registry, "_core", types.SimpleNamespace(export=lambda model, args, *, registry: None))
     else:
-        monkeypatch.delattr(rtx_backend, "_registry")
+        monkeypatch.delattr(rtx_backend.lower, "registry")
         monkeypatch.setitem(sys.modules, "rtx_backend.lower.registry", None)  # importing it raises ImportError
     gm = _region(_seeded(NormMLP), torch.randn(4, 16))
     region = export_region(gm)
@@ -188,8 +187,8 @@ def test_a_second_export_builds_no_registry_and_infers_no_unneeded_signature(mon
     inferred, pending = index.inferred, len(index.pending)
     rebuilds = _Spy(_registration.ONNXRegistry.from_torchlib.__func__)
     monkeypatch.setattr(_registration.ONNXRegistry, "from_torchlib", classmethod(rebuilds))
-    full = _Spy(_exporter_ops.registry)
-    monkeypatch.setattr(_exporter_ops, "registry", full)
+    full = _Spy(_registry.full_registry)
+    monkeypatch.setattr(_registry, "full_registry", full)
     gm = _region(_seeded(ResNetish), torch.randn(2, 3, 16, 16))
     region = export_region(gm)
     assert rebuilds.calls == 0 and full.calls == 0

@@ -38,10 +38,10 @@ import torch
 
 import rtx_backend
 from rtx_backend import _files
+from rtx_backend._types import OnnxRegion, TensorSpec
 from rtx_backend.cache import engines as _engine_cache
 from rtx_backend.cache import store
 from rtx_backend.cache.engines import EngineCache, Entry, Key
-from rtx_backend.export.bridge import OnnxRegion, TensorSpec
 from rtx_backend.run import runtime_cache as _runtime_cache
 from rtx_backend.run.runtime_cache import RuntimeCache
 

@@ -20,6 +20,7 @@ import pytest
 import torch
 
 import rtx_backend
+from rtx_backend import _targets
 from rtx_backend._options import Options
 from rtx_backend.run import runtime_cache as _runtime_cache
 
@@ -68,7 +69,7 @@ def _fresh_registry(monkeypatch, request):
     monkeypatch.setattr(_runtime_cache, "_CACHES", {})
     monkeypatch.setattr(_runtime_cache, "_WARNED", set())
     if request.node.get_closest_marker("gpu") is None:
-        monkeypatch.setattr(_runtime_cache, "gpu_identity_parts", lambda: GPU)
+        monkeypatch.setattr(_targets, "gpu_identity_parts", lambda: GPU)
 
 
 def _attach(**options) -> tuple[FakeConfig, _runtime_cache.RuntimeCache]:
@@ -92,7 +93,7 @@ def test_default_file_is_per_version_and_gpu(tmp_path, monkeypatch):
     path = _runtime_cache.resolve_path(default)
     assert path is not None and path.parent == tmp_path / "cache" / "runtime"
     assert rtx_backend._trt.version() in path.name and "RTX_3090" in path.name and "sm86" in path.name
-    monkeypatch.setattr(_runtime_cache, "gpu_identity_parts", lambda: ("NVIDIA RTX A6000", (8, 6)))
+    monkeypatch.setattr(_targets, "gpu_identity_parts", lambda: ("NVIDIA RTX A6000", (8, 6)))
     assert _runtime_cache.resolve_path(default) != path
     assert _runtime_cache.resolve_path("") is None
     assert _runtime_cache.resolve_path(None) is None
@@ -243,7 +244,7 @@ AT_EXIT = textwrap.dedent(
     from rtx_backend.run import runtime_cache as _runtime_cache
     from rtx_backend._options import Options
     from tests.test_runtime_cache import FakeConfig, GPU
-    _runtime_cache.gpu_identity_parts = lambda: GPU
+    _targets.gpu_identity_parts = lambda: GPU
     entry = _runtime_cache.attach(FakeConfig(), Options.from_dict({"runtime_cache_path": sys.argv[2]}))
     entry.cache.kernels = b"saved at exit"
     """

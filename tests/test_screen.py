@@ -239,7 +239,8 @@ class _CudaVal:
 def test_dynamic_cuda_attention_is_traced_without_kernel_shape_checks(_name, cuda, dynamic, attention, math_only):
     """On CUDA, choosing a fused attention kernel guards the symbolic sizes, and torch.export then
     refuses the dynamic dimensions; the bridge traces such regions with the math backend only."""
-    from rtx_backend.export.bridge import TensorSpec, _attention_without_shape_checks
+    from rtx_backend._types import TensorSpec
+    from rtx_backend.export.bridge import _attention_without_shape_checks
 
     graph = torch.fx.Graph()
     q = graph.placeholder("q")
@@ -266,7 +267,8 @@ def test_dynamic_dims_export_within_dynamos_range():
     """A dynamic dimension is exported with Dynamo's range for its symbol (from 2: Dynamo
     specializes 0 and 1), so a guard `size != 1` added by an op is no constraint violation (torch
     2.11 on CUDA raised "Constraints violated" for such a guard in the encoder with a 0..inf range)."""
-    from rtx_backend.export.bridge import TensorSpec, _dynamic_shapes, _export_non_strict
+    from rtx_backend._types import TensorSpec
+    from rtx_backend.export.bridge import _dynamic_shapes, _export_non_strict
 
     spec = TensorSpec("input_0", (2, "s0"), torch.float32, (2, 5), ((2, 2), (2, None)))
     shapes = _dynamic_shapes([spec])

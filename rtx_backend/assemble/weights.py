@@ -34,7 +34,8 @@ import torch
 
 from .. import _stats
 from .._options import Options
-from ..export.bridge import EXPORTED_AS, FROZEN, OnnxRegion
+from .._types import OnnxRegion
+from ..export.bridge import EXPORTED_AS, FROZEN
 from ..export.model import OnnxModel
 from ..lower.lowering import is_weight
 from ..run.executors import OrtExecutor, TorchExecutor, TrtExecutor

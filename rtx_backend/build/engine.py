@@ -14,13 +14,11 @@ from typing import Any
 
 from .. import _trt
 from .._errors import BuildError, TargetError
-from .._options import Target
+from .._types import Profile, Target
 from ..export.model import OnnxModel, as_bytes, host_bytes
 
 log = logging.getLogger("rtx_backend")
 
-Profile = dict[str, tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]]  # name -> min/opt/max
-EngineData = bytes | memoryview  # a serialized engine: read from a file, or the builder's own memory
 
 
 @dataclasses.dataclass(frozen=True)

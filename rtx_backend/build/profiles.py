@@ -20,8 +20,7 @@ from typing import Any
 from .. import _stats
 from .._errors import OptionsError, RtxBackendError
 from .._options import Options
-from ..build.engine import EngineData, Profile
-from ..export.bridge import TensorSpec
+from .._types import EngineData, Profile, TensorSpec
 
 log = logging.getLogger("rtx_backend")
 

@@ -21,10 +21,10 @@ import torch
 
 from .. import _trt
 from .._errors import RegionRefused
-from .._options import Target
+from .._types import Reason, Target
 from ..build.engine import Network
 from ..export.model import OnnxModel, as_bytes
-from ..plan.policy import RULES, NodeFacts, Reason, Rule, conv_traits, first_match
+from ..plan.policy import RULES, NodeFacts, Rule, conv_traits, first_match
 
 log = logging.getLogger("rtx_backend")
 

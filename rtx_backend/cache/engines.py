@@ -44,8 +44,7 @@ import torch
 
 from .. import _files, _stats, _targets, _trt, _trust
 from .._options import Options
-from ..build.engine import EngineData, Profile
-from ..export.bridge import OnnxRegion, TensorSpec
+from .._types import EngineData, OnnxRegion, Profile, TensorSpec
 from ..export.model import OnnxModel, as_bytes
 from . import store
 from .store import (
@@ -230,11 +229,9 @@ def validation_identity() -> str | None:
     """This GPU and driver, as validation records name them; None without a usable GPU."""
     if not torch.cuda.is_available():
         return None
-    from ..run.runtime_cache import gpu_identity
-
     try:
         driver = torch._C._cuda_getDriverVersion() if hasattr(torch._C, "_cuda_getDriverVersion") else "?"
-        return f"{gpu_identity()} driver {driver}"
+        return f"{_targets.gpu_identity()} driver {driver}"
     except Exception as exc:  # a GPU that cannot be queried is not one we can vouch for
         log.debug("trtrtx: no GPU identity for validation records: %s", exc)
         return None

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
-import dataclasses
 import io
 import logging
 import operator
@@ -22,49 +21,15 @@ import torch
 
 from .. import _stats
 from .._errors import BuildError
-from ..export.model import OnnxModel, as_bytes
+from .._types import OnnxRegion, TensorSpec
+from ..export.model import OnnxModel
 from ..export.rewrite import transposes_into_gemm
-from ..lower.lowering import views_to_reshapes
+from ..lower.lowering import _FUSED_ATTENTION, unfusable, views_to_reshapes
 
 log = logging.getLogger("rtx_backend")
 
 EXPORTED_AS = "gm."  # a region constant `c` is the model's initializer "gm.c" (the export wrapper's attribute)
 FROZEN = re.compile(r"(?:^|\.)_frozen_(\d+)$")  # a constant lowering froze from Dynamo input i (_lowering.freeze)
-
-
-@dataclasses.dataclass(frozen=True)
-class TensorSpec:
-    """Shape (ints for static dims, symbol names for dynamic ones) and dtype of an engine I/O."""
-
-    name: str
-    shape: tuple[int | str, ...]
-    dtype: torch.dtype
-    hint: tuple[int, ...]  # the example's sizes
-    bounds: tuple[tuple[int, int | None], ...] = ()  # per dim: Dynamo's (lower, upper or None)
-
-    @property
-    def dynamic(self) -> bool:
-        return any(isinstance(d, str) for d in self.shape)
-
-
-@dataclasses.dataclass(frozen=True)
-class OnnxRegion:
-    """A region as ONNX: the model (bytes, or the exporter's in-memory model) and how region
-    arguments map to model inputs."""
-
-    source: bytes | OnnxModel
-    tensor_args: tuple[int, ...]  # which region arguments are the model's inputs, in order
-    inputs: tuple[TensorSpec, ...]
-    outputs: tuple[TensorSpec, ...]
-
-    @property
-    def dynamic(self) -> bool:
-        return any(s.dynamic for s in self.inputs)
-
-    @property
-    def model(self) -> bytes:
-        """The ONNX model's bytes (serialized on first use for an in-memory model)."""
-        return as_bytes(self.source)
 
 
 def _spec(name: str, val: torch.Tensor) -> TensorSpec:
@@ -244,23 +209,6 @@ class _Wrapper(torch.nn.Module):
         for i, t in zip(self.tensor_args, tensors):
             args[i] = t
         return tuple(self.gm(*args))
-
-
-# CUDA's fused attention kernels, as PyTorch's dispatcher picks them while tracing: the exporter
-# cannot translate them all (its efficient-attention translation fails on the logsumexp output),
-# but it translates the op they implement. Positional arguments after (query, key, value).
-_FUSED_ATTENTION = {
-    torch.ops.aten._scaled_dot_product_efficient_attention.default: ("attn_mask", None, "dropout_p", "is_causal"),
-    torch.ops.aten._scaled_dot_product_flash_attention.default: ("dropout_p", "is_causal"),
-    torch.ops.aten._scaled_dot_product_cudnn_attention.default: ("attn_mask", None, "dropout_p", "is_causal"),
-}
-
-
-def unfusable(node: torch.fx.Node) -> bool:
-    """Whether `node` is a fused attention kernel that unfuse_attention turns into the plain op."""
-    return node.op == "call_function" and node.target in _FUSED_ATTENTION and all(
-        u.target is operator.getitem and u.args[1] == 0 for u in node.users
-    )
 
 
 def unfuse_attention(gm: torch.fx.GraphModule) -> None:

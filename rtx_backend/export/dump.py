@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .._files import atomic_write
-from ..export.bridge import OnnxRegion, TensorSpec
+from .._types import OnnxRegion, TensorSpec
 
 log = logging.getLogger("rtx_backend")
 

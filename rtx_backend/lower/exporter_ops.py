@@ -13,9 +13,7 @@ import functools
 import importlib.metadata
 import json
 import logging
-import threading
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -85,21 +83,3 @@ def overloads() -> set[torch._ops.OpOverload]:
     return ops
 
 
-_registry_lock = threading.Lock()
-
-
-def registry() -> Any:
-    """The exporter's full registry, as torch.onnx.export builds it: slow (about a second), so built
-    once per process, and only when an export fails with the lazy one (_registry.py)."""
-    with _registry_lock:
-        if not _full:
-            from torch.onnx._internal.exporter import _registration
-
-            from ..lower import registry as _registry
-
-            with _registry.quiet_registration():
-                _full.append(_registration.ONNXRegistry.from_torchlib(_registry.opset_version()))
-        return _full[0]
-
-
-_full: list[Any] = []

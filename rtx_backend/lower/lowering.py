@@ -9,6 +9,7 @@ the engine, as TensorRT does: weights are frozen at compile time.
 from __future__ import annotations
 
 import functools
+import operator
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -175,3 +176,20 @@ def freeze(gm: torch.fx.GraphModule, weights: dict[int, torch.Tensor]) -> None:
         node.replace_all_uses_with(const)
     gm.graph.lint()
     gm.recompile()
+
+
+# CUDA's fused attention kernels, as PyTorch's dispatcher picks them while tracing: the exporter
+# cannot translate them all (its efficient-attention translation fails on the logsumexp output),
+# but it translates the op they implement. Positional arguments after (query, key, value).
+_FUSED_ATTENTION = {
+    torch.ops.aten._scaled_dot_product_efficient_attention.default: ("attn_mask", None, "dropout_p", "is_causal"),
+    torch.ops.aten._scaled_dot_product_flash_attention.default: ("dropout_p", "is_causal"),
+    torch.ops.aten._scaled_dot_product_cudnn_attention.default: ("attn_mask", None, "dropout_p", "is_causal"),
+}
+
+
+def unfusable(node: torch.fx.Node) -> bool:
+    """Whether `node` is a fused attention kernel that unfuse_attention turns into the plain op."""
+    return node.op == "call_function" and node.target in _FUSED_ATTENTION and all(
+        u.target is operator.getitem and u.args[1] == 0 for u in node.users
+    )

@@ -9,7 +9,7 @@ names, with the same targets and opset choices, and infers an op's onnxscript si
 the exporter dispatches that op: once per process, as from_torchlib would have inferred them.
 
 If the exporter fails with that registry, it runs once more with the full one (built once per
-process, shared with _exporter_ops); a torch whose private exporter API moved gets the public
+process, shared with exporter_ops); a torch whose private exporter API moved gets the public
 torch.onnx.export.
 
 The exporter also decomposes every program it is given (torch.export's run_decompositions, a
@@ -34,7 +34,6 @@ from torch.onnx._internal.exporter import _constants, _core, _decomp, _fx_passes
 from torch.onnx._internal.exporter._torchlib import _torchlib_registry
 
 from .. import _stats
-from ..lower import exporter_ops as _exporter_ops
 
 log = logging.getLogger("rtx_backend")
 
@@ -205,7 +204,7 @@ def translate(
                       "full registry", type(exc).__name__, str(exc).strip().split("\n", 1)[0])
     _stats.count("exports_with_full_registry")  # the bench and GPU runs show whether the lazy path held
     try:
-        full = _exporter_ops.registry()
+        full = full_registry()
     except (AttributeError, TypeError) as exc:
         _say_once(f"trtrtx: the exporter's registry cannot be built here ({exc}); using torch.onnx.export")
         return None
@@ -329,3 +328,19 @@ def _say_once(message: str) -> None:
             return
         _said.add(message)
     log.debug(message)
+
+
+_registry_lock = threading.Lock()
+
+
+def full_registry() -> Any:
+    """The exporter's full registry, as torch.onnx.export builds it: slow (about a second), so built
+    once per process, and only when an export fails with the lazy one."""
+    with _registry_lock:
+        if not _full:
+            with quiet_registration():
+                _full.append(_registration.ONNXRegistry.from_torchlib(opset_version()))
+        return _full[0]
+
+
+_full: list[Any] = []

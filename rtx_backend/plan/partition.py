@@ -14,7 +14,8 @@ import torch
 from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner, Partition
 from torch.fx.passes.utils.fuser_utils import fuse_by_partitions
 
-from ..plan.policy import CapabilitySupport, Reason
+from .._types import Reason
+from ..plan.policy import CapabilitySupport
 
 REGION_PREFIX = "trtrtx_region_"
 # Nodes that cost nothing in PyTorch, so they do not count towards min_block_size.

@@ -21,22 +21,9 @@ import torch
 from torch.fx import Node
 from torch.fx.passes.operator_support import OperatorSupportBase
 
-from .._options import Target
-from ..export.bridge import unfusable
+from .._types import Reason, Target
 from ..lower import exporter_ops as _exporter_ops
-
-
-@dataclasses.dataclass(frozen=True)
-class Reason:
-    """Why a node stays in PyTorch."""
-
-    rule: str
-    message: str
-    target: Target | None = None
-
-    def __str__(self) -> str:
-        where = f" [target SM{self.target[0]}.{self.target[1]}]" if self.target else ""
-        return f"{self.rule}: {self.message}{where}"
+from ..lower.lowering import unfusable
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,22 +123,6 @@ _CONV = re.compile(
 )
 _CONVOLUTION_TRANSPOSED_ARG = 6  # aten.convolution(input, weight, bias, stride, padding, dilation, transposed, ...)
 CDIST_ROW_THRESHOLD = 25  # above this many rows, cdist's default compute_mode uses a GEMM
-
-
-def normalize_op_name(item: Any) -> str | None:
-    """'aten.relu', 'aten::relu.default', torch.ops.aten.relu -> 'aten::relu[.overload]'."""
-    if isinstance(item, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
-        item = str(item)
-    if not isinstance(item, str):
-        return None
-    text = item.strip().removeprefix("torch.ops.").replace("::", ".")
-    parts = text.split(".")
-    if len(parts) not in (2, 3) or not all(re.fullmatch(r"\w+", p) for p in parts):
-        return None
-    name = f"{parts[0]}::{parts[1]}"
-    if len(parts) == 3 and parts[2] != "default":
-        name += f".{parts[2]}"
-    return name
 
 
 def op_names(target: Any) -> tuple[str, str]:

@@ -21,8 +21,7 @@ from torch._prims_common import make_contiguous_strides_for
 from .. import _trt
 from .._errors import CudaGraphError, RtxBackendError, RuntimeUnavailableError
 from .._options import Options
-from ..build.engine import EngineData
-from ..export.bridge import OnnxRegion
+from .._types import EngineData, OnnxRegion
 from ..run import runtime_cache as _runtime_cache
 
 log = logging.getLogger("rtx_backend")

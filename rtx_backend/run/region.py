@@ -16,10 +16,9 @@ import torch
 from torch.nn.modules import module as _module
 
 from .._errors import CudaGraphError, RtxBackendError
-from ..build.engine import EngineData
+from .._types import EngineData, OnnxRegion
 from ..build.profiles import EngineProfile
 from ..cache.engines import Key
-from ..export.bridge import OnnxRegion
 from ..run.executors import OrtExecutor, TorchExecutor, TrtExecutor
 from ..run.validation import capturing, first_call
 

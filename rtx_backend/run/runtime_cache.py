@@ -32,7 +32,7 @@ from typing import Any
 
 import filelock
 
-from .. import _files, _stats, _trt, _trust
+from .. import _files, _stats, _targets, _trt, _trust
 from .._options import Options
 from ..cache.store import CorruptEntry, framed_header, read_header
 
@@ -193,7 +193,7 @@ def attach(config: Any, options: Options) -> RuntimeCache | None:
         path = resolve_path(options.runtime_cache_path)
         if path is not None and not _trust.trusted_directory(path.parent, "runtime cache directory"):
             path = None  # memory only
-        key = str(path) if path is not None else f"memory:{gpu_identity()}"
+        key = str(path) if path is not None else f"memory:{_targets.gpu_identity()}"
         with _LOCK:
             entry = _CACHES.get(key)
             if entry is None:
@@ -239,23 +239,9 @@ def resolve_path(option: str | None) -> Path | None:
 
 
 def default_file_name() -> str:
-    name, (major, minor) = gpu_identity_parts()
+    name, (major, minor) = _targets.gpu_identity_parts()
     slug = re.sub(r"[^A-Za-z0-9.]+", "_", name).strip("_") or "gpu"
     return f"tensorrt_rtx-{_trt.version()}-{slug}-sm{major}{minor}{SUFFIX}"
-
-
-def gpu_identity_parts() -> tuple[str, tuple[int, int]]:
-    """The current CUDA device's name and compute capability."""
-    import torch
-
-    index = torch.cuda.current_device()
-    major, minor = torch.cuda.get_device_capability(index)
-    return torch.cuda.get_device_name(index), (major, minor)
-
-
-def gpu_identity() -> str:
-    name, (major, minor) = gpu_identity_parts()
-    return f"{name} sm{major}{minor}"
 
 
 def _register_atexit() -> None:

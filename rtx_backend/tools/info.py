@@ -16,7 +16,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from .. import _targets, _trt
+from .. import _trt
 from .._options import Options, default_cache_root
 
 PACKAGES = ("torch", "tensorrt-rtx", "onnx", "onnxruntime", "onnxscript")
@@ -39,7 +39,7 @@ def collect(engine_dir: Path | None = None, runtime_dir: Path | None = None, *, 
             "supported": f"{lo[0]}.{lo[1]} to {hi[0]}.{hi[1]}",
         },
         "gpu": gpu_info(probe),
-        "buildable": [list(t) for t in _targets.buildable_capabilities()],
+        "buildable": [list(t) for t in _trt.buildable_capabilities()],
         "buildable_source": "installed TensorRT-RTX" if missing is None else "TensorRT-RTX 1.7's list; it is not usable here",
         "caches": cache_info(engine_dir, runtime_dir),
     }

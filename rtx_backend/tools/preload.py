@@ -15,7 +15,7 @@ import logging
 import time
 
 from .. import _targets, _trt
-from ..export.bridge import OnnxRegion
+from .._types import OnnxRegion
 from ..lower import lowering as _lowering
 from ..lower import registry as _registry
 
