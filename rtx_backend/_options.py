@@ -291,7 +291,9 @@ def _check_op_exists(key: str, name: str) -> None:
     except (AttributeError, RuntimeError):
         found = False
     if not found:
-        known = {n.split(".")[0] for n in torch._C._dispatch_get_all_op_names()}
+        from . import _torch_compat
+
+        known = {n.split(".")[0] for n in _torch_compat.dispatch_get_all_op_names()}
         close = difflib.get_close_matches(name.split(".")[0], known, n=3)
         hint = f"; did you mean {', '.join(close)}?" if close else ""
         raise OptionsError(f"{key}: there is no op {name!r} in this PyTorch{hint}")

@@ -13,7 +13,7 @@ from parameterized import parameterized
 
 import rtx_backend
 from rtx_backend import _backend as _backend_module
-from rtx_backend import _trt
+from rtx_backend import _log, _trt
 from rtx_backend.build import engine as _engine
 
 from .helpers import _LAST, backend_error, compile_and_run, regions
@@ -410,7 +410,7 @@ def test_mode_and_options_together_agree_or_raise():
 # ---- a graph of which nothing is lowered because of the targets says so at WARNING -------------
 
 def test_fp32_model_for_turing_that_lowers_nothing_warns_with_the_fix(monkeypatch, caplog):
-    monkeypatch.setattr(_backend_module, "_WARNED", set())
+    monkeypatch.setattr(_log, "SAID", _log.Once())
     model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 8)).eval()
     compiled = torch.compile(model, backend="trtrtx", options={"target_compute_capabilities": [(7, 5)],
                                                               "engine_cache_dir": ""})

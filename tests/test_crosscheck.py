@@ -8,8 +8,8 @@ import torch
 from torch import nn
 
 import rtx_backend
-from rtx_backend import _backend
 from rtx_backend._errors import BuildError
+from rtx_backend.assemble import region as _region
 from rtx_backend.run.executors import OrtExecutor
 
 from .models import MLP, ConvNet, WithEagerOp, eval_model
@@ -143,7 +143,7 @@ def test_region_left_in_pytorch_is_reported_as_skipped(monkeypatch):
     def fail(*_a, **_k):
         raise BuildError("export failed on purpose")
 
-    monkeypatch.setattr(_backend, "export_region", fail)
+    monkeypatch.setattr(_region, "export_region", fail)
     model = eval_model(MLP())
     report = rtx_backend.crosscheck(model, torch.randn(4, 16), options=ORT)
     assert report  # nothing disagrees: the region runs in PyTorch

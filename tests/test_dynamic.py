@@ -225,7 +225,7 @@ def test_static_model_has_no_profile(monkeypatch):
         return original(model, targets, profile, **kw)
 
     monkeypatch.setattr(_engine, "build", spy)
-    monkeypatch.setattr("rtx_backend._backend.build", spy)
+    monkeypatch.setattr("rtx_backend.assemble.region.build", spy)
     model = FlattenMLP().eval()
     compiled = torch.compile(model, backend="trtrtx", options={**NO_CACHE, "min_block_size": 1,
                                                              "target_compute_capabilities": SM86})

@@ -16,12 +16,14 @@ import pytest
 import torch
 
 import rtx_backend
-from rtx_backend import _backend, _files, _stats, _trt
+from rtx_backend import _files, _stats, _trt
 from rtx_backend._options import Options
 from rtx_backend._types import OnnxRegion, TensorSpec
+from rtx_backend.assemble import region as _region
 from rtx_backend.cache import engines as _engine_cache
 from rtx_backend.cache import store
-from rtx_backend.cache.engines import EngineCache, Entry, Key
+from rtx_backend.cache.engines import EngineCache, EngineEntry, Key
+from rtx_backend.run import executors as _executors
 
 from .helpers import compile_and_run, regions
 from .models import MLP, eval_model
@@ -39,11 +41,11 @@ def _linear_graph(seed: int = 0) -> torch.fx.GraphModule:
     return torch.fx.symbolic_trace(torch.nn.Linear(4, 3))
 
 
-def _entry(payload: bytes = b"engine" * 100) -> Entry:
+def _entry(payload: bytes = b"engine" * 100) -> EngineEntry:
     spec_in = TensorSpec("input_0", ("s0", 4), torch.float16, (2, 4), ((2, None), (4, 4)))
     spec_out = TensorSpec("output_0", ("s0", 3), torch.float16, (2, 3), ((2, None), (3, 3)))
     region = OnnxRegion(b"onnx-model-bytes", (0,), (spec_in,), (spec_out,))
-    return Entry(region, payload, {"input_0": ((1, 4), (2, 4), (64, 4))})
+    return EngineEntry(region, payload, {"input_0": ((1, 4), (2, 4), (64, 4))})
 
 
 def _write_record(path: Path, key: Key, gpus: object) -> None:
@@ -290,8 +292,8 @@ def test_hit_skips_export_and_build(monkeypatch):
     def forbidden(*args, **kwargs):
         raise AssertionError("a cache hit must not export or build")
 
-    monkeypatch.setattr(_backend, "export_region", forbidden)
-    monkeypatch.setattr(_backend, "build", forbidden)
+    monkeypatch.setattr(_region, "export_region", forbidden)
+    monkeypatch.setattr(_region, "build", forbidden)
     torch._dynamo.reset()
     rtx_backend.reset_stats()
     y = compile_and_run(model, x, min_block_size=1, target_compute_capabilities=SM86)
@@ -436,13 +438,13 @@ def test_concurrent_writers_never_leave_an_unreadable_entry(tmp_path):
 # ---- validation records ------------------------------------------------------------------------
 
 
-class _EngineStandIn(_backend.TrtExecutor):
+class _EngineStandIn(_executors.TrtExecutor):
     """Runs the region in ONNX Runtime but counts as the TensorRT-RTX executor of the cached engine."""
 
     kind = "tensorrt_rtx"
 
     def __init__(self, onnx_region: OnnxRegion) -> None:  # no GPU here: no engine to load
-        self.ort = _backend.OrtExecutor(onnx_region)
+        self.ort = _executors.OrtExecutor(onnx_region)
         self._pending = None  # no contexts being made
 
     def __call__(self, tensors, shapes=None):
@@ -454,7 +456,7 @@ def gpu_named(monkeypatch):
     """The GPU and driver validation records name, switchable; engines "run" in ONNX Runtime."""
     here = {"id": "GPU A sm86 driver 1"}
     monkeypatch.setattr(_engine_cache, "validation_identity", lambda: here["id"])
-    monkeypatch.setattr(_backend, "choose_executor", lambda name, onnx_region, *a: _EngineStandIn(onnx_region))
+    monkeypatch.setattr(_region, "choose_executor", lambda name, onnx_region, *a: _EngineStandIn(onnx_region))
     return here
 
 

@@ -127,8 +127,8 @@ def test_explain_builds_nothing_and_leaves_dynamo_logging_as_it_was(monkeypatch)
     def forbidden(*args, **kwargs):
         raise AssertionError("explain must not export or build")
 
-    monkeypatch.setattr("rtx_backend._backend.export_region", forbidden)
-    monkeypatch.setattr("rtx_backend._backend.build", forbidden)
+    monkeypatch.setattr("rtx_backend.assemble.region.export_region", forbidden)
+    monkeypatch.setattr("rtx_backend.assemble.region.build", forbidden)
     log = torch._dynamo.symbolic_convert.graph_break_log
     level, propagate, handlers = log.level, log.propagate, list(log.handlers)
     report = rtx_backend.explain(eval_model(WithEagerOp()), torch.randn(3, 16), options={"min_block_size": 1})

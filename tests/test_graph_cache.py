@@ -17,8 +17,9 @@ import pytest
 import torch
 
 import rtx_backend
-from rtx_backend import _backend
 from rtx_backend._options import Options
+from rtx_backend.assemble import region as _region
+from rtx_backend.assemble import reuse as _reuse
 from rtx_backend.cache import engines as _engine_cache
 from rtx_backend.cache import graphs as _graph_cache
 from rtx_backend.cache import store
@@ -64,7 +65,7 @@ def test_hit_skips_lowering_and_gives_the_same_results(tmp_path, monkeypatch):
     assert stats["graph_cache_misses"] == 1 and stats["graph_cache_stores"] == 1
     assert len(_files(tmp_path, ".graph")) == 1
     plan = _LAST[0].plan
-    monkeypatch.setattr(_backend, "lower", _NoLowering())
+    monkeypatch.setattr(_reuse, "lower", _NoLowering())
     second = _again(model, x, options)
     stats = rtx_backend.stats()
     assert stats["graph_cache_hits"] == 1 and stats["engine_cache_hits"] == 1
@@ -304,7 +305,7 @@ def test_a_region_left_in_pytorch_is_not_cached(tmp_path, monkeypatch):
     def fail(*args, **kwargs):
         raise RuntimeError("no executor today")
 
-    monkeypatch.setattr(_backend, "choose_executor", fail)
+    monkeypatch.setattr(_region, "choose_executor", fail)
     model, x = eval_model(MLP()), torch.randn(2, 16)
     out = compile_and_run(model, x, **_opts(tmp_path))
     assert [r.kind for r in regions()] == ["pytorch"]
@@ -345,7 +346,7 @@ def test_dynamic_graph_hit_runs_other_sizes_without_recompiles(tmp_path):
 def test_a_compile_that_adds_size_guards_is_not_cached(tmp_path, monkeypatch):
     """Dynamo guards the compiled graph on what lowering learnt about the symbolic sizes; a hit
     would skip the lowering, and with it those guards."""
-    compile_graph = _backend.compile_graph
+    compile_graph = _reuse.compile_graph
 
     def guarding(aten_gm, args, *rest, **kw):
         for node in aten_gm.graph.nodes:
@@ -355,7 +356,7 @@ def test_a_compile_that_adds_size_guards_is_not_cached(tmp_path, monkeypatch):
                 break
         return compile_graph(aten_gm, args, *rest, **kw)
 
-    monkeypatch.setattr(_backend, "compile_graph", guarding)
+    monkeypatch.setattr(_reuse, "compile_graph", guarding)
     model = eval_model(MLP())
     compiled = torch.compile(model, backend="trtrtx", options=_opts(tmp_path), dynamic=True)
     with torch.no_grad():
@@ -363,7 +364,7 @@ def test_a_compile_that_adds_size_guards_is_not_cached(tmp_path, monkeypatch):
     store.flush()
     assert rtx_backend.stats()["engine_builds"] == 1 and not _files(tmp_path, ".graph")
     torch.testing.assert_close(out, model(torch.ones(3, 16)), rtol=1e-4, atol=1e-5)
-    monkeypatch.setattr(_backend, "compile_graph", compile_graph)
+    monkeypatch.setattr(_reuse, "compile_graph", compile_graph)
     _again(model, torch.ones(3, 16), _opts(tmp_path))  # no size guard: stored
     assert rtx_backend.stats().get("graph_cache_stores") == 1
 

@@ -19,7 +19,7 @@ from rtx_backend._types import OnnxRegion, TensorSpec
 from rtx_backend.build import engine as _engine
 from rtx_backend.cache import engines as _engine_cache
 from rtx_backend.cache import store
-from rtx_backend.cache.engines import Entry
+from rtx_backend.cache.engines import EngineEntry
 from rtx_backend.export import model as _onnx_model
 from rtx_backend.export.bridge import export_region
 from rtx_backend.export.model import EXTERNAL_MIN_BYTES, OnnxModel, host_bytes
@@ -165,7 +165,7 @@ def test_cache_stores_skeleton_and_raw_weights_and_serves_the_same_model(tmp_pat
     region = OnnxRegion(model, (0,), (spec_in,), (spec_out,))
     cache = _engine_cache.EngineCache(tmp_path, 1 << 30)
     key = store.Key("k" * 64, {"test": source})
-    assert cache.store(key, Entry(region, b"engine", {}))
+    assert cache.store(key, EngineEntry(region, b"engine", {}))
     raw = cache.path(key).read_bytes()
     weight = numpy_helper.to_array(_proto().graph.initializer[0]).tobytes()
     assert raw.count(weight) == 1  # the weight's raw bytes, once: no protobuf around them
@@ -194,7 +194,7 @@ def test_a_corrupt_weight_table_is_a_miss_not_a_crash(tmp_path, caplog, table, w
     spec_in = TensorSpec("input_0", (4, 64), torch.float32, (4, 64), ((4, 4), (64, 64)))
     region = OnnxRegion(OnnxModel(ir.from_proto(_proto())), (0,), (spec_in,), ())
     key = store.Key("k" * 64, {"test": "corrupt"})
-    chunks = _engine_cache.encode(key, Entry(region, b"engine", {}))
+    chunks = _engine_cache.encode(key, EngineEntry(region, b"engine", {}))
     header = json.loads(chunks[2])
     header["onnx"]["weights"] = table
     # a consistent, signed but wrong header: what our own writer would frame, had it a bug

@@ -15,7 +15,6 @@ import torch.nn.functional as F
 from torch import nn
 
 import rtx_backend
-from rtx_backend._backend import plan_graph
 from rtx_backend._errors import BuildError
 from rtx_backend._options import Options
 from rtx_backend._types import Reason
@@ -23,6 +22,7 @@ from rtx_backend.build import engine as _engine
 from rtx_backend.build.screen import onnx_refusals
 from rtx_backend.export.bridge import export_region
 from rtx_backend.lower.lowering import lower
+from rtx_backend.plan.partition import plan_graph
 from rtx_backend.plan.policy import RULES, CapabilitySupport, NodeFacts, op_family
 
 from .helpers import _LAST, compile_and_run, regions

@@ -121,7 +121,7 @@ def test_backend_passes_a_monitor_only_when_enabled(monkeypatch, forced_on):
         seen.append(monitor)
         return original(*args, monitor=monitor, **kwargs)
 
-    monkeypatch.setattr("rtx_backend._backend.build", spy)
+    monkeypatch.setattr("rtx_backend.assemble.region.build", spy)
     monkeypatch.setattr(_progress, "enabled", lambda options: forced_on and options.progress)
     model = eval_model(MLP())
     x = torch.randn(2, 16)

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 import rtx_backend
-from rtx_backend import _backend
+from rtx_backend import _log
+from rtx_backend.assemble import region as _region
 from rtx_backend.run import executors as _executors
 
 from .models import MLP, WithEagerOp, eval_model
@@ -27,7 +28,7 @@ def run(model, x, **options):
 
 @pytest.fixture(autouse=True)
 def _fresh_warnings(monkeypatch):
-    monkeypatch.setattr(_backend, "_WARNED", set())
+    monkeypatch.setattr(_log, "SAID", _log.Once())
 
 
 def test_regions_say_where_they_ran_why_and_that_their_engine_was_built(tmp_path):
@@ -70,7 +71,7 @@ def test_a_region_that_failed_to_compile_runs_in_pytorch_and_says_why(monkeypatc
     def broken(*args, **kwargs):
         raise RuntimeError("exporter exploded")
 
-    monkeypatch.setattr(_backend, "export_region", broken)
+    monkeypatch.setattr(_region, "export_region", broken)
     rec, _ = run(eval_model(MLP()), torch.randn(2, 16), min_block_size=1, engine_cache_dir="")
     (region,) = rec.regions
     assert region.runtime == "PyTorch" and "exporter exploded" in region.why and "compiling it failed" in region.why

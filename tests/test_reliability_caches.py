@@ -41,7 +41,7 @@ from rtx_backend import _files
 from rtx_backend._types import OnnxRegion, TensorSpec
 from rtx_backend.cache import engines as _engine_cache
 from rtx_backend.cache import store
-from rtx_backend.cache.engines import EngineCache, Entry, Key
+from rtx_backend.cache.engines import EngineCache, EngineEntry, Key
 from rtx_backend.run import runtime_cache as _runtime_cache
 from rtx_backend.run.runtime_cache import RuntimeCache
 
@@ -51,12 +51,12 @@ from .models import MLP, eval_model
 # ---- the two caches, with good content to lose ------------------------------------------------------
 
 
-def _entry(version: int, size: int = 4096) -> Entry:
+def _entry(version: int, size: int = 4096) -> EngineEntry:
     spec_in = TensorSpec("input_0", ("s0", 16), torch.float32, (4, 16), ((2, None), (16, 16)))
     spec_out = TensorSpec("output_0", ("s0", 8), torch.float32, (4, 8), ((2, None), (8, 8)))
     region = OnnxRegion(b"onnx-%d" % version, (0,), (spec_in,), (spec_out,))
     engine = hashlib.sha256(b"%d" % version).digest() * (size // 32)
-    return Entry(region, engine, {"input_0": ((1, 16), (4, 16), (4096, 16))})
+    return EngineEntry(region, engine, {"input_0": ((1, 16), (4, 16), (4096, 16))})
 
 
 def _key(name: str = "model", trt_version: str = "1.7.1") -> Key:
@@ -90,7 +90,7 @@ def _kernels(version: int, size: int = 4096) -> bytes:
     return hashlib.sha256(b"k%d" % version).digest() * (size // 32)
 
 
-def _read_entry(path: Path, key: Key) -> Entry | None:
+def _read_entry(path: Path, key: Key) -> EngineEntry | None:
     try:
         return _engine_cache.decode(path.read_bytes(), key)
     except (OSError, store.CorruptEntry):
@@ -239,7 +239,7 @@ def _engine_other_inputs(path, mp):
     """A well-formed entry for this key whose input specs differ from the region's."""
     entry = _entry(1)
     spec = dataclasses.replace(entry.region.inputs[0], dtype=torch.float16)
-    other = Entry(dataclasses.replace(entry.region, inputs=(spec,)), entry.engine, entry.profile)
+    other = EngineEntry(dataclasses.replace(entry.region, inputs=(spec,)), entry.engine, entry.profile)
     path.write_bytes(b"".join(_engine_cache.encode(_key(), other)))
 
 

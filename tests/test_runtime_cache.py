@@ -20,7 +20,7 @@ import pytest
 import torch
 
 import rtx_backend
-from rtx_backend import _targets
+from rtx_backend import _log, _targets
 from rtx_backend._options import Options
 from rtx_backend.run import runtime_cache as _runtime_cache
 
@@ -67,7 +67,7 @@ class FakeConfig:
 def _fresh_registry(monkeypatch, request):
     """A new process, as far as the runtime cache registry knows; a fake GPU for CPU tests."""
     monkeypatch.setattr(_runtime_cache, "_CACHES", {})
-    monkeypatch.setattr(_runtime_cache, "_WARNED", set())
+    monkeypatch.setattr(_log, "SAID", _log.Once())
     if request.node.get_closest_marker("gpu") is None:
         monkeypatch.setattr(_targets, "gpu_identity_parts", lambda: GPU)
 
@@ -244,6 +244,7 @@ AT_EXIT = textwrap.dedent(
     from rtx_backend.run import runtime_cache as _runtime_cache
     from rtx_backend._options import Options
     from tests.test_runtime_cache import FakeConfig, GPU
+    from rtx_backend import _targets
     _targets.gpu_identity_parts = lambda: GPU
     entry = _runtime_cache.attach(FakeConfig(), Options.from_dict({"runtime_cache_path": sys.argv[2]}))
     entry.cache.kernels = b"saved at exit"

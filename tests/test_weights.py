@@ -13,6 +13,7 @@ import rtx_backend
 from rtx_backend import OptionsError
 from rtx_backend._options import Options
 from rtx_backend._record import recording
+from rtx_backend.assemble import region as _region
 from rtx_backend.assemble.weights import WeightGuard, initializer_specs
 from tests.helpers import compile_and_run, regions
 
@@ -335,7 +336,7 @@ def refittable_here() -> bool:
     """Whether TensorRT-RTX builds refittable engines on this GPU (1.6 on an SM 9.0 GPU, which it
     does not list, fails every refittable build in Myelin): where it does not, a weight change
     builds the engine again, and that is what these tests then check."""
-    from rtx_backend._backend import _REFIT_REFUSED
+    from rtx_backend.assemble.region import _REFIT_REFUSED
 
     return None not in _REFIT_REFUSED
 
@@ -415,9 +416,8 @@ def test_gpu_a_refitted_engine_is_cached_under_its_new_weights():
 
 @pytest.mark.gpu
 def test_gpu_an_engine_that_is_not_refittable_is_rebuilt(monkeypatch, caplog):
-    from rtx_backend import _backend
 
-    monkeypatch.setattr(_backend, "REFITTABLE_BUILDS", False)
+    monkeypatch.setattr(_region, "REFITTABLE_BUILDS", False)
     model = mlp().cuda()
     x = torch.randn(8, 6, device="cuda")
     compiled = torch.compile(model, backend="trtrtx", options=gpu_options(False))
@@ -485,7 +485,6 @@ def test_gpu_weights_changed_right_before_a_capture_are_served_by_pytorch_in_it(
 def test_a_refittable_build_that_fails_is_not_tried_again_for_the_same_targets(monkeypatch, caplog):
     """TensorRT-RTX on a GPU off its list fails every refittable build: the builds after the first
     failure go straight to an engine that is not refittable (a failed build costs seconds)."""
-    from rtx_backend import _backend
     from rtx_backend._errors import BuildError
     from rtx_backend.build.engine import BuiltEngine
 
@@ -497,16 +496,16 @@ def test_a_refittable_build_that_fails_is_not_tried_again_for_the_same_targets(m
             raise BuildError("Myelin: target_sm '90' does not have arch kind assigned")
         return BuiltEngine(memoryview(b"engine"), targets, profile, 0.0)
 
-    monkeypatch.setattr(_backend, "build", fake_build)
+    monkeypatch.setattr(_region, "build", fake_build)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(_backend, "_REFIT_REFUSED", set())
+    monkeypatch.setattr(_region, "_REFIT_REFUSED", set())
     options = Options.from_dict({"target_compute_capabilities": [(8, 6)], "progress": False})
     with caplog.at_level(logging.INFO, logger="rtx_backend"):
         for _ in range(3):
-            assert bytes(_backend._build_for(b"onnx", options, {})) == b"engine"
+            assert bytes(_region.build_for(b"onnx", options, {})) == b"engine"
     assert tried == [True, False, False, False]
     assert sum("builds no refittable engine" in r.getMessage() for r in caplog.records) == 1
     frozen = Options.from_dict({"target_compute_capabilities": [(8, 6)], "weights": "frozen", "progress": False})
     tried.clear()
-    _backend._build_for(b"onnx", frozen, {})
+    _region.build_for(b"onnx", frozen, {})
     assert tried == [False]  # frozen weights: never refittable

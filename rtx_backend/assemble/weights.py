@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from .. import _stats
+from .. import _stats, _torch_compat
 from .._options import Options
 from .._types import OnnxRegion
 from ..export.bridge import EXPORTED_AS, FROZEN
@@ -103,7 +103,7 @@ def _count_fused_step(optimizer: Any, args: Any, kwargs: Any) -> None:
     params = [p for group in optimizer.param_groups if group.get("fused") for p in group["params"]]
     if params:
         with torch.no_grad():
-            torch._C._increment_version(params)
+            _torch_compat.increment_version(params)
 
 
 class WeightGuard:
@@ -248,7 +248,7 @@ def update_region(
 ) -> str:
     """Give one region the weights `values` (initializer name -> tensor, every weight it froze);
     returns what was done: "refit", "rebuild" or "" (PyTorch runs it: nothing to do)."""
-    from .. import _backend
+    from . import region as _region
 
     executor = module.executor
     if isinstance(executor, TorchExecutor) or module.onnx is None:
@@ -268,7 +268,7 @@ def update_region(
                 action, how, engine = "refit", "engine refitted", executor.serialized()
             else:
                 profile = module.profile.profile if module.profile is not None else {}
-                engine = _backend._build_for(region.source, options, profile)
+                engine = _region.build_for(region.source, options, profile)
                 module.executor = TrtExecutor(engine, region, options, module.name)
                 action, how = "rebuild", "engine built again (it is not refittable)"
         else:
@@ -284,15 +284,15 @@ def update_region(
 def _restore(module: RegionModule, region: OnnxRegion, engine: Any, options: Options) -> None:
     """After new weights: the engine (or none), its cache entry under the new weights' key, the
     widening builder bound to the new model, and first-call validation armed again."""
-    from .. import _backend
     from ..cache import engines as _engine_cache
+    from . import region as _region
 
     key = _store(module, region, engine, options) if engine is not None else None
     module.engine = engine
     module.engine_key = key
     if module.profile is not None:
         base = key if key is not None else None
-        module.profile.build = lambda profile: _backend._widened_engine(region, options, base, profile)
+        module.profile.build = lambda profile: _region.widened_engine(region, options, base, profile)
     module.validate = options.validate
     module.validated_executor = None
     module.checked = None
@@ -314,16 +314,16 @@ def _store(module: RegionModule, region: OnnxRegion, engine: Any, options: Optio
     profile = module.profile.profile if module.profile is not None else {}
     fields = {**old.fields, "graph": digest}
     key = _engine_cache.with_profile(_engine_cache.Key(_engine_cache.make_key(fields), fields), profile)
-    cache.store_later(key, _engine_cache.Entry(region, bytes(engine), profile))
+    cache.store_later(key, _engine_cache.EngineEntry(region, bytes(engine), profile))
     return key
 
 
 def _rebuild_region(module: RegionModule, options: Options, overrides: dict[str, Any]) -> None:
     """Export and build the region again from its PyTorch graph (which reads the new weights)."""
-    from .. import _backend
+    from . import region as _region
 
     graph = module.graph_module
-    fresh = _backend.compile_region(module.name, torch.fx.GraphModule(graph, _copy_graph(graph)), overrides, options)
+    fresh = _region.compile_region(module.name, torch.fx.GraphModule(graph, _copy_graph(graph)), overrides, options)
     for name in ("onnx", "engine", "executor", "profile", "engine_key", "on_validated", "validate", "pick_tensors"):
         setattr(module, name, getattr(fresh, name))
     module.fitted_shapes = None

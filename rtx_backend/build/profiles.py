@@ -17,7 +17,7 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from .. import _stats
+from .. import _stats, _torch_compat
 from .._errors import OptionsError, RtxBackendError
 from .._options import Options
 from .._types import EngineData, Profile, TensorSpec
@@ -111,7 +111,8 @@ def _model_input(source: Any) -> tuple[bool, str | None]:
     global), and its name: `forward(self, x)` gives LocalSource('x'); modules that Dynamo wraps
     (nn.Sequential) give args[0] (no name); keyword arguments and dict inputs give their key.
     """
-    from torch._dynamo.source import GetItemSource, LocalSource
+    sources = _torch_compat.dynamo_sources()
+    GetItemSource, LocalSource = sources.GetItemSource, sources.LocalSource
 
     if isinstance(source, LocalSource):
         return source.is_input, source.local_name

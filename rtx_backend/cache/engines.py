@@ -42,7 +42,7 @@ import filelock
 import numpy as np
 import torch
 
-from .. import _files, _stats, _targets, _trt, _trust
+from .. import _files, _stats, _targets, _torch_compat, _trt, _trust
 from .._options import Options
 from .._types import EngineData, OnnxRegion, Profile, TensorSpec
 from ..export.model import OnnxModel, as_bytes
@@ -72,7 +72,7 @@ _DEVICE = re.compile(r"device\(type='\w+'(, index=\d+)?\)")
 
 
 @dataclasses.dataclass(frozen=True)
-class Entry:
+class EngineEntry:
     """What a hit gives back: everything compile_region would otherwise export and build."""
 
     region: OnnxRegion
@@ -80,7 +80,7 @@ class Entry:
     profile: Profile
 
 
-def fetch_ahead(cache: EngineCache, keys: Sequence[Key]) -> list[concurrent.futures.Future[Entry | None]]:
+def fetch_ahead(cache: EngineCache, keys: Sequence[Key]) -> list[concurrent.futures.Future[EngineEntry | None]]:
     """Begin `cache.fetch` of each key on reader threads: reading a file and checking its sums let
     go of the GIL, so a graph-cache hit reads its engines while it unpickles its graph, and a
     graph of several regions reads their engines at once. Pass each future to `load`."""
@@ -230,7 +230,7 @@ def validation_identity() -> str | None:
     if not torch.cuda.is_available():
         return None
     try:
-        driver = torch._C._cuda_getDriverVersion() if hasattr(torch._C, "_cuda_getDriverVersion") else "?"
+        driver = _torch_compat.cuda_driver_version()
         return f"{_targets.gpu_identity()} driver {driver}"
     except Exception as exc:  # a GPU that cannot be queried is not one we can vouch for
         log.debug("trtrtx: no GPU identity for validation records: %s", exc)
@@ -272,7 +272,7 @@ class EngineCache:
     def path(self, key: Key) -> Path:
         return entry_path(self.directory, key)
 
-    def fetch(self, key: Key) -> Entry | None:
+    def fetch(self, key: Key) -> EngineEntry | None:
         """Read and check the entry's file, and nothing else (no statistics, no use recorded):
         None when there is none; raises OSError or CorruptEntry. `load` accounts for it, so a
         caller may fetch ahead (on another thread) and pass the result to `load` when it knows
@@ -283,8 +283,8 @@ class EngineCache:
 
     def load(
         self, key: Key, inputs: Sequence[TensorSpec] | None = None,
-        fetched: concurrent.futures.Future[Entry | None] | None = None,
-    ) -> Entry | None:
+        fetched: concurrent.futures.Future[EngineEntry | None] | None = None,
+    ) -> EngineEntry | None:
         """The entry for `key`, or None (a miss; unusable files are a warning). `fetched`: the
         entry's `fetch`, begun earlier."""
         path = self.path(key)
@@ -305,12 +305,12 @@ class EngineCache:
         log.info("trtrtx: engine cache hit %s", path.name)
         return entry
 
-    def store_later(self, key: Key, entry: Entry) -> concurrent.futures.Future[Any]:
+    def store_later(self, key: Key, entry: EngineEntry) -> concurrent.futures.Future[Any]:
         """`store` on the writer thread: the first result need not wait for a large engine's
         (and its ONNX model's) bytes to reach the disk."""
         return write_behind(key, self.store, key, entry)
 
-    def store(self, key: Key, entry: Entry) -> bool:
+    def store(self, key: Key, entry: EngineEntry) -> bool:
         """Write an entry (atomically, under the directory's lock) and evict beyond the limit."""
         path = self.path(key)
         try:
@@ -402,7 +402,7 @@ class EngineCache:
 # ---- the entry file ----------------------------------------------------------------------------
 
 
-def encode(key: Key, entry: Entry) -> list[Any]:
+def encode(key: Key, entry: EngineEntry) -> list[Any]:
     """The entry file's chunks: magic, header length, header, the ONNX model, the engine. An
     in-memory model is stored as its skeleton and raw weights (see _onnx_model), not serialized."""
     source = entry.region.source
@@ -431,7 +431,7 @@ def encode(key: Key, entry: Entry) -> list[Any]:
     return [*framed_header(MAGIC, header), *chunks, engine]  # the region metadata and profile are served too
 
 
-def decode(data: Any, key: Key) -> Entry:
+def decode(data: Any, key: Key) -> EngineEntry:
     """The entry in `data`; raises CorruptEntry naming the first check that failed."""
     header, onnx_at = read_header(data, MAGIC, key, FORMAT)
     try:
@@ -452,7 +452,7 @@ def decode(data: Any, key: Key) -> Entry:
         raise
     except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:  # JSONDecodeError is a ValueError
         raise CorruptEntry(f"unreadable header ({type(exc).__name__}: {exc})") from exc
-    return Entry(region, engine, profile)
+    return EngineEntry(region, engine, profile)
 
 
 def _onnx_source(data: Any, start: int, end: int, meta: dict[str, Any]) -> bytes | OnnxModel:

@@ -43,7 +43,7 @@ from typing import Any
 
 import torch
 
-from .. import _files, _stats, _targets, _trt, _trust
+from .. import _files, _stats, _targets, _torch_compat, _trt, _trust
 from .._options import Options
 from ..lower.lowering import is_weight
 from . import engines as _engine_cache
@@ -67,7 +67,7 @@ class RegionRef:
 
 
 @dataclasses.dataclass
-class Entry:
+class GraphEntry:
     """A cached compiled graph. In a loaded entry the regions are stand-ins (nn.Identity) until
     the caller sets the runtime modules made from their engine-cache entries."""
 
@@ -174,7 +174,7 @@ def shape_state() -> Any:
     ranges, runtime asserts). Dynamo guards the compiled graph on it; a hit skips the lowering that
     would have added it, so a compile that changed it is not stored."""
     try:
-        context = torch._guards.TracingContext.try_get()
+        context = _torch_compat.tracing_context()
         env = getattr(getattr(context, "fake_mode", None), "shape_env", None)
         if env is None:
             return None
@@ -207,7 +207,7 @@ def path_of(directory: Path, key: Key) -> Path:
     return directory / f"{key.name}{SUFFIX}"
 
 
-def encode(key: Key, entry: Entry, weights: dict[int, torch.Tensor]) -> list[bytes]:
+def encode(key: Key, entry: GraphEntry, weights: dict[int, torch.Tensor]) -> list[bytes]:
     """The entry file's chunks. Weights (tensors that view a weight's memory) and runtime modules
     are pickled as references; raises TypeError/pickle.PicklingError for what cannot be stored."""
     buffer = io.BytesIO()
@@ -232,7 +232,7 @@ def encode(key: Key, entry: Entry, weights: dict[int, torch.Tensor]) -> list[byt
 
 def decode(
     data: Any, key: Key, example_inputs: Sequence[Any], on_header: Callable[[list[RegionRef]], None] | None = None
-) -> Entry:
+) -> GraphEntry:
     """The entry in `data`, its weights bound to `example_inputs`; raises CorruptEntry.
     `on_header` is given the regions named by the checked header, before the payload is checked
     and unpickled (the caller may begin reading their engines)."""
@@ -249,7 +249,7 @@ def decode(
         raise CorruptEntry("payload truncated or damaged")
     try:
         body = _Unpickler(io.BytesIO(payload), example_inputs).load()
-        entry = Entry(body["graph_module"], body["references"], regions, body["reasons"], body["eager_ops"])
+        entry = GraphEntry(body["graph_module"], body["references"], regions, body["reasons"], body["eager_ops"])
     except Exception as exc:  # anything in an unpickled payload: another torch, a damaged file
         raise CorruptEntry(f"its graph cannot be rebuilt ({type(exc).__name__}: {exc})") from exc
     if not isinstance(entry.graph_module, torch.fx.GraphModule) or set(entry.references) != {r.name for r in regions}:
@@ -366,7 +366,7 @@ class GraphCache:
 
     def load(
         self, key: Key, example_inputs: Sequence[Any], on_header: Callable[[list[RegionRef]], None] | None = None
-    ) -> Entry | None:
+    ) -> GraphEntry | None:
         """The entry, or None: a miss, or a file that fails a check (a warning). `on_header`: see
         `decode`."""
         path = path_of(self.directory, key)
@@ -388,7 +388,7 @@ class GraphCache:
                 os.utime(path)  # least recently used = oldest mtime, as for engine entries
         return entry
 
-    def store_later(self, key: Key, entry: Entry, weights: dict[int, torch.Tensor]) -> None:
+    def store_later(self, key: Key, entry: GraphEntry, weights: dict[int, torch.Tensor]) -> None:
         """Encode now (the graph must not change under the pickler), write behind: after the
         engine entries that this compile submitted, which it names."""
         try:

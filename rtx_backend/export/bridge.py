@@ -19,8 +19,9 @@ from typing import Any
 
 import torch
 
-from .. import _stats
+from .. import _stats, _torch_compat
 from .._errors import BuildError
+from .._log import say_once
 from .._types import OnnxRegion, TensorSpec
 from ..export.model import OnnxModel
 from ..export.rewrite import transposes_into_gemm
@@ -60,7 +61,7 @@ def _example_size(size: torch.SymInt) -> int:
     """
     expr = size.node.expr
     env = size.node.shape_env
-    hints = env.backed_var_to_val if hasattr(env, "backed_var_to_val") else env.var_to_val  # torch < 2.12
+    hints = _torch_compat.shape_env_hints(env)
     values = {}
     for sym in expr.free_symbols:
         hint = hints.get(sym)
@@ -94,8 +95,7 @@ def tensors_only(gm: torch.fx.GraphModule) -> tuple[int, ...]:
     sym_size nodes (sympy's Python reference interpreter, which traces through FX proxies).
     The SymInt placeholders stay (unused) so the region keeps its calling signature.
     """
-    from torch.utils._sympy.interp import sympy_interp
-    from torch.utils._sympy.reference import PythonReferenceAnalysis
+    sympy_interp, PythonReferenceAnalysis = _torch_compat.sympy_interp()
 
     placeholders = _placeholders(gm)
     tensor_args = tuple(i for i, n in enumerate(placeholders) if isinstance(n.meta.get("val"), torch.Tensor))
@@ -433,9 +433,8 @@ def _translate(exported: Any, args: tuple[torch.Tensor, ...], input_names: list[
     try:
         from ..lower import registry as _registry
     except (ImportError, AttributeError) as exc:  # the exporter's private modules moved
-        if not _said_no_registry:
-            _said_no_registry.append(True)
-            log.debug("trtrtx: the exporter's private modules are not importable (%s); using torch.onnx.export", exc)
+        say_once(f"trtrtx: the exporter's private modules are not importable ({exc}); using torch.onnx.export",
+                 logging.DEBUG, key="export: no private exporter")
     else:
         program = _registry.translate(
             exported, args, input_names=input_names, output_names=output_names, optimize=False
@@ -454,14 +453,12 @@ def _translate(exported: Any, args: tuple[torch.Tensor, ...], input_names: list[
     )
 
 
-_said_no_registry: list[bool] = []
-
 
 def _export_non_strict(module: torch.nn.Module, args: tuple[torch.Tensor, ...], dynamic_shapes: Any) -> Any:
     """torch.export, non-strict, as the ONNX exporter's first strategy does it: size-oblivious
     0/1 dimensions, and one retry with torch.export's suggested fixes to the dynamic shapes
     (a dimension that the graph pins to another, or to a constant)."""
-    config = torch.fx.experimental._config
+    config = _torch_compat.fx_experimental_config()
     patch = (
         config.patch(backed_size_oblivious=True)  # type: ignore[attr-defined]
         if hasattr(config, "backed_size_oblivious") else contextlib.nullcontext()
@@ -469,7 +466,7 @@ def _export_non_strict(module: torch.nn.Module, args: tuple[torch.Tensor, ...], 
     with patch:
         try:
             return torch.export.export(module, args, dynamic_shapes=dynamic_shapes, strict=False)
-        except torch._dynamo.exc.UserError as exc:
+        except _torch_compat.dynamo_exc().UserError as exc:
             try:
                 refined = torch.export.dynamic_shapes.refine_dynamic_shapes_from_suggested_fixes(exc.msg, dynamic_shapes)
             except Exception:
@@ -507,7 +504,7 @@ def _outside_dynamo() -> Iterator[None]:
     for q in quiet:
         q.setLevel(logging.ERROR)
     try:
-        with torch._guards.tracing(None), torch._guards.compile_context(None):
+        with _torch_compat.outside_tracing():
             yield
     finally:
         for q, level in zip(quiet, levels):

@@ -13,6 +13,8 @@ from typing import Any
 import torch
 from torch.nn import functional as F
 
+from .. import _torch_compat
+
 aten = torch.ops.aten
 
 
@@ -116,7 +118,7 @@ def register_missing_meta_kernels() -> bool:
     fake tensors fall back to the real kernel, which needs concrete sizes, so every layer breaks
     the graph and runs in PyTorch. Returns whether a kernel was registered."""
     name = "aten::_transformer_encoder_layer_fwd"
-    if _META_LIBRARY or torch._C._dispatch_has_kernel_for_dispatch_key(name, "Meta"):
+    if _META_LIBRARY or _torch_compat.dispatch_has_kernel_for_dispatch_key(name, "Meta"):
         return False
     library = torch.library.Library("aten", "IMPL")
     library.impl("_transformer_encoder_layer_fwd", _encoder_layer_meta, "Meta")

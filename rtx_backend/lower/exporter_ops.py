@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from .. import _files
+from .. import _files, _torch_compat
 from .._files import atomic_write
 from .._options import default_cache_root
 
@@ -53,12 +53,10 @@ def translated() -> frozenset[str]:
         log.debug("trtrtx: %s does not hold a list of op names; rebuilding it", path)
     except (OSError, ValueError) as exc:
         log.debug("trtrtx: no usable exporter op list at %s (%s)", path, exc)
-    from torch.onnx._internal.exporter import _decomp
-
     from ..lower import registry as _registry
 
     found = frozenset(
-        str(op) for op in _decomp.get_onnx_implemented_overloads(_registry.lazy_registry())
+        str(op) for op in _torch_compat.exporter("_decomp").get_onnx_implemented_overloads(_registry.lazy_registry())
         if isinstance(op, torch._ops.OpOverload)
     )
     try:

@@ -14,10 +14,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-from torch._functorch._aot_autograd.schemas import SubclassCreationMeta
-from torch._functorch.aot_autograd import aot_module_simplified, make_boxed_func
-from torch._subclasses.fake_tensor import unset_fake_temporarily
 
+from .. import _torch_compat
 from ..lower import decompositions as _decompositions
 from ..lower import exporter_ops as _exporter_ops
 
@@ -35,9 +33,7 @@ _KEEP_FOR_FAKE_MODE = ("lift", "lift_fresh", "lift_fresh_copy")
 @functools.cache
 def decompositions() -> dict[Any, Callable[..., Any]]:
     """PyTorch's decompositions, minus those of ops the ONNX exporter translates as they are."""
-    from torch.onnx._internal.exporter import _decomp
-
-    table = _decomp.create_onnx_friendly_decomposition_table(_exporter_ops.overloads())  # type: ignore[arg-type]
+    table = _torch_compat.exporter("_decomp").create_onnx_friendly_decomposition_table(_exporter_ops.overloads())  # type: ignore[arg-type]
     for name in _KEEP_FOR_FAKE_MODE:
         packet = getattr(torch.ops.aten, name)
         for overload in packet.overloads():
@@ -78,14 +74,14 @@ def lower(
 
     def inference_compiler(aten_gm: torch.fx.GraphModule, args: Sequence[Any]) -> Any:
         # aot_autograd calls us under its fake mode; export and build need real tensors.
-        with unset_fake_temporarily():
+        with _torch_compat.unset_fake_temporarily():
             freeze(aten_gm, weights)
             views_to_reshapes(aten_gm)
             fn = compile_inference(aten_gm, args)
             compiled.append((fn, plain_calling_convention(aten_gm, len(example_inputs))))
-            return make_boxed_func(fn)
+            return _torch_compat.aot_autograd().make_boxed_func(fn)
 
-    wrapped = aot_module_simplified(
+    wrapped = _torch_compat.aot_autograd().aot_module_simplified(
         gm,
         list(example_inputs),
         fw_compiler=inference_compiler,  # type: ignore[arg-type]
@@ -106,8 +102,8 @@ def without_autocast(direct: Callable[..., Any]) -> Callable[..., Any]:
         return direct
 
     def run(*args: Any) -> Any:
-        if torch._C._is_any_autocast_enabled():
-            with torch._C._DisableAutocast():
+        if _torch_compat.is_any_autocast_enabled():
+            with _torch_compat.DisableAutocast():
                 return direct(*args)
         return direct(*args)
 
@@ -118,9 +114,9 @@ def plain_calling_convention(aten_gm: torch.fx.GraphModule, n_inputs: int) -> bo
     """Whether the ATen graph takes Dynamo's inputs as they are and returns fresh outputs, so that
     calling it directly is what aot_autograd's runtime wrappers would do: no input mutations to
     apply, no outputs to regenerate as views, no deduplicated inputs, no RNG or effect tokens."""
-    from torch._functorch._aot_autograd.schemas import OutputType
-
-    context = torch._guards.TracingContext.try_get()
+    schemas = _torch_compat.aot_schemas()
+    OutputType, SubclassCreationMeta = schemas.OutputType, schemas.SubclassCreationMeta
+    context = _torch_compat.tracing_context()
     meta = getattr(context, "fw_metadata", None)
     placeholders = [n for n in aten_gm.graph.nodes if n.op == "placeholder"]
     return (

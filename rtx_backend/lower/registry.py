@@ -29,16 +29,21 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
-from torch.onnx import _constants as _onnx_constants
-from torch.onnx._internal.exporter import _constants, _core, _decomp, _fx_passes, _registration
-from torch.onnx._internal.exporter._torchlib import _torchlib_registry
 
-from .. import _stats
+from .. import _stats, _torch_compat
+from .._log import say_once
 
 log = logging.getLogger("rtx_backend")
 
-_said: set[str] = set()
-_said_lock = threading.Lock()
+# The exporter's internals this module works with (see _torch_compat.exporter for why).
+_onnx_constants = _torch_compat.onnx_constants()
+_constants = _torch_compat.exporter("_constants")
+_core = _torch_compat.exporter("_core")
+_decomp = _torch_compat.exporter("_decomp")
+_fx_passes = _torch_compat.exporter("_fx_passes")
+_registration = _torch_compat.exporter("_registration")
+_torchlib_registry = _torch_compat.torchlib_registry()
+
 
 
 def opset_version() -> int:
@@ -128,7 +133,7 @@ class _Index:
             return None
 
 
-class LazyRegistry(_registration.ONNXRegistry):
+class LazyRegistry(_registration.ONNXRegistry):  # type: ignore[misc, name-defined]
     """from_torchlib's registry, whose onnxscript entries get their signatures when dispatched.
 
     Decompositions read `functions` for the ops' targets only (complete from the start); the
@@ -192,8 +197,8 @@ def translate(
     try:
         registry: Any = lazy_registry()
     except Exception as exc:
-        _say_once(f"trtrtx: cannot index the exporter's registry ({type(exc).__name__}: {exc}); "
-                  "exports build the full registry")
+        say_once(f"trtrtx: cannot index the exporter's registry ({type(exc).__name__}: {exc}); "
+                 "exports build the full registry", logging.DEBUG)
         registry = None
     if registry is not None:
         try:
@@ -206,7 +211,7 @@ def translate(
     try:
         full = full_registry()
     except (AttributeError, TypeError) as exc:
-        _say_once(f"trtrtx: the exporter's registry cannot be built here ({exc}); using torch.onnx.export")
+        say_once(f"trtrtx: the exporter's registry cannot be built here ({exc}); using torch.onnx.export", logging.DEBUG)
         return None
     return core_export(exported, args, registry=full, **common)
 
@@ -222,12 +227,12 @@ def _private_export() -> Callable[..., Any] | None:
             verbose=False, report=False, opset_version=0,
         )
     except (AttributeError, TypeError, ValueError) as exc:
-        _say_once(f"trtrtx: torch.onnx's private exporter API changed ({exc}); using torch.onnx.export")
+        say_once(f"trtrtx: torch.onnx's private exporter API changed ({exc}); using torch.onnx.export", logging.DEBUG)
         return None
     return core_export
 
 
-def already_decomposed(program: torch.export.ExportedProgram, registry: _registration.ONNXRegistry) -> bool:
+def already_decomposed(program: torch.export.ExportedProgram, registry: Any) -> bool:
     """Whether the exporter's decomposition pass would leave `program` as it is: one graph (no
     subgraphs of higher-order ops), no mutation, no op that the pass's table decomposes (the table
     the exporter builds from `registry`: PyTorch's decompositions of ops it cannot translate), and
@@ -270,8 +275,8 @@ _TRANSLATED_AS_IS = frozenset({torch.ops.aten.reshape.default})
 
 
 def _composite(op: torch._ops.OpOverload) -> bool:
-    key = torch._C.DispatchKey.CompositeImplicitAutograd
-    return torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), key) or key in op.py_kernels
+    key = _torch_compat.DispatchKey.CompositeImplicitAutograd
+    return _torch_compat.dispatch_has_kernel_for_dispatch_key(op.name(), key) or key in op.py_kernels
 
 
 _local = threading.local()
@@ -320,14 +325,6 @@ def quiet_registration() -> Iterator[None]:
         yield
     finally:
         quiet.setLevel(level)
-
-
-def _say_once(message: str) -> None:
-    with _said_lock:
-        if message in _said:
-            return
-        _said.add(message)
-    log.debug(message)
 
 
 _registry_lock = threading.Lock()

@@ -14,6 +14,8 @@ import torch
 from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner, Partition
 from torch.fx.passes.utils.fuser_utils import fuse_by_partitions
 
+from .. import _targets
+from .._options import Options
 from .._types import Reason
 from ..plan.policy import CapabilitySupport
 
@@ -123,3 +125,12 @@ def _adopt_constants(partitions: list[Partition]) -> None:
             for arg in node.all_input_nodes:
                 if arg.op == "get_attr" and len(arg.users) == 1:
                     part.add_node(arg)
+
+
+def plan_graph(
+    aten_gm: torch.fx.GraphModule, options: Options, refused: dict[str, Reason] | None = None
+) -> PartitionPlan:
+    """Policy and partition (no build): shared by compilation and `explain`. `refused`: nodes
+    the ONNX screen keeps in PyTorch (see compile_regions)."""
+    support = CapabilitySupport(_targets.policy_targets(options), options.torch_executed_ops, refused=refused)
+    return partition(aten_gm, support, options.min_block_size)

@@ -16,9 +16,8 @@ from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import torch
-from torch._prims_common import make_contiguous_strides_for
 
-from .. import _trt
+from .. import _torch_compat, _trt
 from .._errors import CudaGraphError, RtxBackendError, RuntimeUnavailableError
 from .._options import Options
 from .._types import EngineData, OnnxRegion
@@ -101,21 +100,10 @@ _TRT_DTYPES: dict[torch.dtype, Callable[[Any], Any]] = {  # torch dtype -> Tenso
 }
 
 
-def _no_cuda(*args: Any) -> Any:
-    raise RuntimeError("this torch has no CUDA")
-
-
-# On every call's path, so the C functions themselves, not Python wrappers around them:
-# torch's current CUDA stream of a device as a handle (no Stream object), and whether the
-# current stream is being captured into a CUDA graph.
-current_raw_stream: Callable[[int], int] = getattr(torch._C, "_cuda_getCurrentRawStream", _no_cuda)
-stream_capturing: Callable[[], bool] = getattr(torch._C, "_cuda_isCurrentStreamCapturing", _no_cuda)
-
-
-# Inductor's allocator for its generated code: a CUDA tensor on the current device, without the
-# Python argument parsing and dispatch of torch.empty (on this machine's CPU analogue, a third of
-# its cost).
-_empty_strided_cuda: Callable[..., torch.Tensor] | None = getattr(torch._C._dynamo.guards, "_empty_strided_cuda", None)
+# On every call's path, so the C functions themselves, not Python wrappers around them.
+current_raw_stream = _torch_compat.current_raw_stream
+stream_capturing = _torch_compat.stream_capturing
+_empty_strided_cuda = _torch_compat.empty_strided_cuda
 
 
 def deserialize(engine_bytes: EngineData) -> Any:
@@ -275,7 +263,7 @@ class TrtExecutor:
         if self._side_events is None:
             side, default = self._side_stream(), torch.cuda.default_stream(self.device)
             ready, done = torch.cuda.Event(), torch.cuda.Event()
-            base = getattr(torch._C, "_CudaEventBase", None)
+            base = _torch_compat.cuda_event_base
             ops = base if base is not None and isinstance(ready, base) else type(ready)  # (test stand-ins)
             self._side_events = _SidePath(
                 side.cuda_stream,
@@ -337,11 +325,11 @@ class TrtExecutor:
             b.output_specs = []
             for name, dtype in zip(self.output_names, self.output_dtypes):
                 shape = tuple(ctx.get_tensor_shape(name))
-                b.output_specs.append((shape, tuple(make_contiguous_strides_for(shape)), dtype))
+                b.output_specs.append((shape, tuple(_torch_compat.make_contiguous_strides_for(shape)), dtype))
             b.input_shapes = shapes
         outputs = []
         device = self.device
-        fast = _empty_strided_cuda if index is not None and torch._C._cuda_getDevice() == index else None
+        fast = _empty_strided_cuda if index is not None and _torch_compat.cuda_current_device() == index else None
         for name, (shape, strides, dtype) in zip(self.output_names, b.output_specs):
             if fast is not None:
                 out = fast(shape, strides, dtype)

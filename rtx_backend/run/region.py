@@ -13,8 +13,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-from torch.nn.modules import module as _module
 
+from .. import _torch_compat
 from .._errors import CudaGraphError, RtxBackendError
 from .._types import EngineData, OnnxRegion
 from ..build.profiles import EngineProfile
@@ -25,6 +25,8 @@ from ..run.validation import capturing, first_call
 log = logging.getLogger("rtx_backend")
 
 _SHAPE = operator.attrgetter("shape")
+_GLOBAL_HOOKS = _torch_compat.global_forward_hooks  # (the dicts themselves: torch fills them in place)
+_GLOBAL_PRE_HOOKS = _torch_compat.global_forward_pre_hooks
 
 
 def picker(indices: Sequence[int]) -> Callable[[Sequence[Any]], tuple[Any, ...]]:
@@ -121,7 +123,7 @@ class RegionModule(torch.nn.Module):
         """The partitioned graph calls its regions on every call: straight to forward unless a
         forward hook is set (the cross-check sets them), without nn.Module's dispatch of the
         other kinds of hooks, which cost about a microsecond a call."""
-        if self._forward_hooks or self._forward_pre_hooks or _module._global_forward_hooks or _module._global_forward_pre_hooks:
+        if self._forward_hooks or self._forward_pre_hooks or _GLOBAL_HOOKS or _GLOBAL_PRE_HOOKS:
             return super().__call__(*args)  # type: ignore[no-any-return]
         return self.forward(*args)
 
@@ -225,9 +227,9 @@ def direct_forward(gm: torch.fx.GraphModule) -> Callable[..., Any]:
     def direct(*args: Any) -> tuple[torch.Tensor, ...]:
         # What GraphModule's call, then RegionModule.__call__, would do, in one frame: run with
         # autocast off (as aot_autograd runs a graph) and hooks, if any, called.
-        if (torch._C._is_any_autocast_enabled() or region._forward_hooks or region._forward_pre_hooks
-                or _module._global_forward_hooks or _module._global_forward_pre_hooks):
-            with torch._C._DisableAutocast():
+        if (_torch_compat.is_any_autocast_enabled() or region._forward_hooks or region._forward_pre_hooks
+                or _GLOBAL_HOOKS or _GLOBAL_PRE_HOOKS):
+            with _torch_compat.DisableAutocast():
                 return region(*pick(args))  # type: ignore[no-any-return]
         return forward(*pick(args))
 

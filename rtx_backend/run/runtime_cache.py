@@ -33,6 +33,7 @@ from typing import Any
 import filelock
 
 from .. import _files, _stats, _targets, _trt, _trust
+from .._log import say_once
 from .._options import Options
 from ..cache.store import CorruptEntry, framed_header, read_header
 
@@ -40,7 +41,6 @@ log = logging.getLogger("rtx_backend")
 
 _LOCK = threading.Lock()
 _CACHES: dict[str, RuntimeCache] = {}  # file path, or "memory:<gpu>" -> the process's cache
-_WARNED: set[str] = set()
 _ATEXIT_REGISTERED = False
 MAGIC = b"TRTRTX-RUNTIME-CACHE\n"
 FORMAT = 1
@@ -91,7 +91,7 @@ class RuntimeCache:
             # Unreadable is not corrupt: the file may be good (another user's, a transient error),
             # so this process keeps its cache in memory rather than replace what it cannot judge.
             self.unread = str(exc)
-            _warn(f"trtrtx: cannot read the runtime cache {self.path} ({exc}); starting with an empty cache")
+            say_once(f"trtrtx: cannot read the runtime cache {self.path} ({exc}); starting with an empty cache")
             return
         if data is None:
             log.debug("trtrtx: no runtime cache at %s yet", self.path)
@@ -100,12 +100,12 @@ class RuntimeCache:
             blob = unwrap(data)
         except Foreign as exc:
             self.unread = str(exc)
-            _warn(f"trtrtx: runtime_cache_path {self.path} is not a runtime cache of rtx_backend ({exc}); it is "
+            say_once(f"trtrtx: runtime_cache_path {self.path} is not a runtime cache of rtx_backend ({exc}); it is "
                   "neither loaded nor overwritten, and the cache stays in memory. Point runtime_cache_path at "
                   "another file or a directory")
             return
         except CorruptEntry as exc:
-            _warn(f"trtrtx: the runtime cache {self.path} is not loaded: {exc}; starting with an empty cache "
+            say_once(f"trtrtx: the runtime cache {self.path} is not loaded: {exc}; starting with an empty cache "
                   "(the file is replaced at the next save)")
             return
         try:
@@ -114,7 +114,7 @@ class RuntimeCache:
             log.debug("trtrtx: runtime cache deserialize raised %s", exc)
             ok = False
         if not ok:
-            _warn(
+            say_once(
                 f"trtrtx: the runtime cache {self.path} is empty, corrupt, or from another TensorRT-RTX "
                 "version, GPU or driver; starting with an empty cache (the file is replaced at the next save)"
             )
@@ -130,7 +130,7 @@ class RuntimeCache:
         if self.path is None:
             return False
         if self.unread is not None:
-            _warn(f"trtrtx: could not save the runtime cache to {self.path}: it could not be read ({self.unread}), "
+            say_once(f"trtrtx: could not save the runtime cache to {self.path}: it could not be read ({self.unread}), "
                   "so it is not overwritten; the cache stays in memory")
             return False
         try:
@@ -144,7 +144,7 @@ class RuntimeCache:
                 if digest != on_disk:
                     _files.replace(self.path, wrap(data))
         except Exception as exc:  # OSError, filelock.Timeout, a TensorRT-RTX error: never fatal
-            _warn(f"trtrtx: could not save the runtime cache to {self.path} ({exc}); it stays in memory")
+            say_once(f"trtrtx: could not save the runtime cache to {self.path} ({exc}); it stays in memory")
             return False
         if digest != on_disk:
             _stats.count("runtime_cache_saves")
@@ -205,7 +205,7 @@ def attach(config: Any, options: Options) -> RuntimeCache | None:
         if config.set_runtime_cache(entry.cache) is False:
             raise RuntimeError("set_runtime_cache returned False")
     except Exception as exc:
-        _warn(f"trtrtx: TensorRT-RTX's runtime cache is not used ({exc}); kernels are compiled on each start")
+        say_once(f"trtrtx: TensorRT-RTX's runtime cache is not used ({exc}); kernels are compiled on each start")
         return None
     return entry
 
@@ -249,9 +249,3 @@ def _register_atexit() -> None:
     if not _ATEXIT_REGISTERED:
         _ATEXIT_REGISTERED = True
         atexit.register(save_runtime_cache)
-
-
-def _warn(message: str) -> None:
-    if message not in _WARNED:
-        _WARNED.add(message)
-        log.warning(message)

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from .. import _stats
+from .. import _stats, _torch_compat
 from ..run.compare import LOW_PRECISION, compare, default_tolerance, judge_by_fp32
 from ..run.executors import TorchExecutor, stream_capturing
 
@@ -124,7 +124,7 @@ class _Fp32Interpreter(torch.fx.Interpreter):
     def run_node(self, n: torch.fx.Node) -> Any:
         with self._set_current_node(n):
             args, kwargs = self.fetch_args_kwargs_from_env(n)
-            args, kwargs = torch.utils._pytree.tree_map(_upcast, (args, kwargs))
+            args, kwargs = _torch_compat.tree_map(_upcast, (args, kwargs))
             return getattr(self, n.op)(n.target, args, kwargs)
 
 

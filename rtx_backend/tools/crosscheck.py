@@ -23,12 +23,12 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_flatten
 
 from .._backend import trtrtx
 from .._errors import RuntimeUnavailableError
 from .._options import Options
 from .._record import recording
+from .._torch_compat import tree_flatten
 from ..run.compare import OutputComparison, ToleranceSpec, compare, pick_tolerance
 from ..run.executors import OrtExecutor, TrtExecutor
 

@@ -28,13 +28,12 @@ from typing import Any
 
 import torch
 
-from .. import _targets
-from .._backend import plan_graph
+from .. import _targets, _torch_compat
 from .._options import Options
 from .._types import Reason, Target
 from ..lower.lowering import lower
 from ..plan.fixes import FIXES, FOLLOW_ON, TARGET_RULES
-from ..plan.partition import compute_nodes
+from ..plan.partition import compute_nodes, plan_graph
 
 log = logging.getLogger("rtx_backend")
 
@@ -184,7 +183,7 @@ def explain(
             aten_nodes = sum(1 for n in aten_gm.graph.nodes if n.op == "call_function")
             try:
                 plan = plan_graph(aten_gm, opts)
-            except torch._dynamo.exc.TorchDynamoException:
+            except _torch_compat.dynamo_exc().TorchDynamoException:
                 raise
             except Exception as exc:
                 graphs.append(GraphInfo(index, aten_nodes, (), (), error=_error(exc)))
@@ -194,7 +193,7 @@ def explain(
 
         try:
             return lower(gm, inputs, plan_only)
-        except torch._dynamo.exc.TorchDynamoException:
+        except _torch_compat.dynamo_exc().TorchDynamoException:
             del graphs[index:]  # Dynamo's own control flow (a restart): this graph comes again
             raise
         except Exception as exc:
@@ -254,8 +253,7 @@ def _graph_breaks() -> Iterator[list[GraphBreak]]:
     logger is switched on, and kept from printing, for the duration. Breaks it did not report
     (another torch version) are taken from Dynamo's counters, without a source line.
     """
-    from torch._dynamo import symbolic_convert
-    from torch._dynamo.utils import counters
+    symbolic_convert, counters = _torch_compat.dynamo_explain_parts()
 
     found: list[GraphBreak] = []
     before = collections.Counter(counters["graph_break"])

@@ -17,7 +17,6 @@ import time
 from .. import _targets, _trt
 from .._types import OnnxRegion
 from ..lower import lowering as _lowering
-from ..lower import registry as _registry
 
 log = logging.getLogger("rtx_backend")
 
@@ -30,6 +29,8 @@ def preload() -> dict[str, float]:
     _lowering.decompositions()  # the exporter's op list and the decomposition table
     seconds["decompositions"] = time.perf_counter() - start
     start = time.perf_counter()
+    from ..lower import registry as _registry  # (the exporter's internals: imported when asked for)
+
     _registry.index()  # imports onnxscript's torch_lib and indexes the registry
     seconds["exporter"] = time.perf_counter() - start
     start = time.perf_counter()
