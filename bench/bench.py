@@ -307,9 +307,9 @@ def engine_ms(fn: Callable[..., Any], x: torch.Tensor, regions: list[Any], iters
     if not runs:
         return None
     with torch.inference_mode():
-        for ex, args in runs:
-            ex(args)
-        lat = latencies(lambda: [ex(args) for ex, args in runs], iters)
+        for ex, tensors in runs:
+            ex.run((), tensors)
+        lat = latencies(lambda: [ex.run((), tensors) for ex, tensors in runs], iters)
     return statistics.median(lat)
 
 

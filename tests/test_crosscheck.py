@@ -31,13 +31,13 @@ class TwoHeads(nn.Module):
 
 def break_ort(monkeypatch, how, output=None):
     """Make OrtExecutor return wrong values (for one output index, or all)."""
-    original = OrtExecutor.__call__
+    original = OrtExecutor.run
 
-    def broken(self, tensors):
-        outs = original(self, tensors)
+    def broken(self, args, tensors=(), shapes=None):
+        outs = original(self, args, tensors, shapes)
         return [how(o) if output in (None, i) else o for i, o in enumerate(outs)]
 
-    monkeypatch.setattr(OrtExecutor, "__call__", broken)
+    monkeypatch.setattr(OrtExecutor, "run", broken)
 
 
 @pytest.mark.parametrize(("cls", "shape", "dtype", "options"), [
@@ -98,13 +98,13 @@ def test_broken_region_fails_the_report(monkeypatch, how, problem):
 
 def test_each_region_is_checked_on_pytorchs_inputs(monkeypatch):
     """An upstream fault does not spill into the downstream region's comparison."""
-    original = OrtExecutor.__call__
+    original = OrtExecutor.run
 
-    def broken(self, tensors):
-        outs = original(self, tensors)
+    def broken(self, args, tensors=(), shapes=None):
+        outs = original(self, args, tensors, shapes)
         return [torch.zeros_like(o) for o in outs] if b"Tanh" in self.region.model else outs
 
-    monkeypatch.setattr(OrtExecutor, "__call__", broken)
+    monkeypatch.setattr(OrtExecutor, "run", broken)
     model = eval_model(WithEagerOp())
     x = torch.randn(3, 16)
     report = rtx_backend.crosscheck(model, x, options={**ORT, "torch_executed_ops": ["aten.sigmoid"]})

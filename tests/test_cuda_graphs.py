@@ -175,7 +175,7 @@ X = [torch.ones(2, 4)]
 def test_native_capture_is_set_on_the_runtime_config(fake_executor):
     executor, engine, _ = fake_executor(cuda_graph_strategy="whole_graph_capture")
     for _ in range(3):
-        executor(X)
+        executor.run((), X)
     # the engine's context, and the plain one for outer captures (run once, at the new shape)
     assert [_strategies(c) for c in engine.contexts] == [("WHOLE_GRAPH_CAPTURE", "LAZY"), ("DISABLED", "LAZY")]
     assert [c.runs for c in engine.contexts] == [3, 1]
@@ -187,11 +187,11 @@ def test_native_capture_is_set_on_the_runtime_config(fake_executor):
 
 def test_outer_capture_runs_the_plain_context(fake_executor):
     executor, engine, world = fake_executor(cuda_graph_strategy="whole_graph_capture")
-    executor(X)  # warm-up, uncaptured: TensorRT-RTX's own graphs (and the plain context once)
+    executor.run((), X)  # warm-up, uncaptured: TensorRT-RTX's own graphs (and the plain context once)
     world.capturing = True
-    executor(X)
+    executor.run((), X)
     world.capturing = False
-    executor(X)  # replays of the outer graph need no engine call; later eager calls are native again
+    executor.run((), X)  # replays of the outer graph need no engine call; later eager calls are native again
     assert [c.runs for c in engine.contexts] == [2, 2]
     assert engine.contexts[1].queried == [7]  # capturability checked on the capturing stream
     # inside the capture the plain context's scratch memory is a block of its own (the graph's pool)
@@ -201,10 +201,10 @@ def test_outer_capture_runs_the_plain_context(fake_executor):
 
 def test_outer_capture_of_a_static_plain_engine_keeps_its_context(fake_executor):
     executor, engine, world = fake_executor()
-    executor(X)
+    executor.run((), X)
     world.capturing = True
-    executor(X)
-    executor(X)
+    executor.run((), X)
+    executor.run((), X)
     assert [_strategies(c) for c in engine.contexts] == [("DISABLED", "LAZY")]
     assert engine.contexts[0].queried == [7, 7]
     assert engine.contexts[0].runs == 3
@@ -214,16 +214,16 @@ def test_outer_capture_before_any_warm_up_raises_a_clear_error(fake_executor):
     executor, engine, world = fake_executor()
     world.capturing = True
     with pytest.raises(rtx_backend.CudaGraphError, match=r"submod_0 has not run at input shapes \[\(2, 4\)\]"):
-        executor(X)
+        executor.run((), X)
     assert engine.contexts[0].runs == 0
 
 
 @pytest.mark.parametrize(("strategy", "expected"), [("lazy", "EAGER"), ("eager", "EAGER"), ("none", "NONE")])
 def test_outer_capture_of_dynamic_inputs_never_uses_lazy_specialization(fake_executor, strategy, expected):
     executor, engine, world = fake_executor(dynamic=True, dynamic_shapes_kernel_specialization_strategy=strategy)
-    executor(X)
+    executor.run((), X)
     world.capturing = True
-    executor(X)
+    executor.run((), X)
     assert len(engine.contexts) == (2 if strategy == "lazy" else 1)
     captured = engine.contexts[-1]
     assert _strategies(captured) == ("DISABLED", expected)
@@ -232,10 +232,10 @@ def test_outer_capture_of_dynamic_inputs_never_uses_lazy_specialization(fake_exe
 
 def test_outer_capture_of_an_uncapturable_engine_raises_a_clear_error(fake_executor):
     executor, engine, world = fake_executor(capturable=False)
-    executor(X)  # outside a capture it runs
+    executor.run((), X)  # outside a capture it runs
     world.capturing = True
     with pytest.raises(rtx_backend.CudaGraphError, match=r"submod_0 .*not stream-capturable"):
-        executor(X)
+        executor.run((), X)
     assert engine.contexts[0].runs == 1  # nothing was enqueued into the broken capture
 
 
@@ -243,7 +243,7 @@ def test_native_capture_of_an_uncapturable_engine_warns_once(fake_executor, capl
     executor, engine, world = fake_executor(capturable=False, cuda_graph_strategy="whole_graph_capture")
     world.stream = 0  # the legacy default stream can never be captured: a side stream is asked instead
     for _ in range(3):
-        executor(X)
+        executor.run((), X)
     assert caplog.text.count("not stream-capturable") == 1
     assert engine.contexts[0].queried == [99]
     assert [c.runs for c in engine.contexts] == [3, 1]
@@ -256,14 +256,14 @@ def test_native_capture_of_an_uncapturable_engine_warns_once(fake_executor, capl
 def test_native_capture_with_lazy_dynamic_inputs_says_when_graphs_start(fake_executor, caplog):
     executor, _, _ = fake_executor(dynamic=True, cuda_graph_strategy="whole_graph_capture")
     with caplog.at_level(logging.INFO, "rtx_backend"):
-        executor(X)
+        executor.run((), X)
     assert "captures a CUDA graph per input shape" in caplog.text
 
 
-class _Uncapturable:
+class _Uncapturable(_executors.Executor):
     kind = "tensorrt_rtx"
 
-    def __call__(self, tensors):
+    def run(self, args, tensors=(), shapes=None):
         raise rtx_backend.CudaGraphError("region submod_0 cannot be recorded by the CUDA graph being captured")
 
 
@@ -281,29 +281,29 @@ def _compiled_mlp() -> tuple[torch.nn.Module, object, torch.Tensor, RegionModule
 
 def test_a_failed_enqueue_leaves_its_shapes_unwarmed_until_one_succeeds(fake_executor, monkeypatch):
     executor, engine, world = fake_executor()
-    executor(X)  # makes the context
+    executor.run((), X)  # makes the context
     ctx = engine.contexts[0]
     ok = ctx.execute_async_v3
     monkeypatch.setattr(ctx, "execute_async_v3", lambda stream: False)
     Y = [torch.ones(3, 4)]
     with pytest.raises(rtx_backend.RtxBackendError, match="execute_async_v3 failed"):
-        executor(Y)
+        executor.run((), Y)
     world.capturing = True
     with pytest.raises(rtx_backend.CudaGraphError, match=r"has not run at input shapes \[\(3, 4\)\]"):
-        executor(Y)  # the failed call did not count as the warm-up
+        executor.run((), Y)  # the failed call did not count as the warm-up
     world.capturing = False
     monkeypatch.setattr(ctx, "execute_async_v3", ok)
-    (out,) = executor(Y)  # same shapes as the failed call: they are set again, then warmed
+    (out,) = executor.run((), Y)  # same shapes as the failed call: they are set again, then warmed
     assert ctx.shapes["input_0"] == (3, 4) and out.shape == (3, 4) and out.is_contiguous()
     world.capturing = True
-    executor(Y)
+    executor.run((), Y)
     assert ctx.runs == 3
 
 
 def test_outputs_follow_each_new_shape_and_keep_their_dtype(fake_executor):
     executor, _, _ = fake_executor(dynamic=True)
     for rows in (2, 5, 2, 7):
-        (out,) = executor([torch.ones(rows, 4)])
+        (out,) = executor.run((), [torch.ones(rows, 4)])
         assert out.shape == (rows, 4) and out.stride() == (4, 1) and out.dtype == torch.float32
 
 
@@ -358,7 +358,7 @@ def test_contexts_are_made_on_the_setup_thread_while_the_caller_goes_on(fake_exe
     executor, engine, _ = fake_executor()
     assert engine.contexts == []  # the constructor returned before the context was made
     gate.set()
-    executor(X)  # waits for the setup thread, then runs on its context
+    executor.run((), X)  # waits for the setup thread, then runs on its context
     assert [c.runs for c in engine.contexts] == [1]
     assert len(made_on) == 1 and made_on[0].startswith("trtrtx-setup")
     assert made_on[0] != threading.current_thread().name
@@ -398,6 +398,7 @@ def test_a_region_whose_contexts_cannot_be_made_runs_in_pytorch(fake_executor, m
     failing, _, _ = fake_executor(runtime=runtime)
     model, compiled, x, region = _compiled_mlp()
     region.executor, region.validate = failing, False
+    region.strict = runtime == "tensorrt_rtx"  # (what runtime_module sets from the same options)
     with torch.no_grad(), caplog.at_level(logging.WARNING, "rtx_backend"):
         if runtime == "tensorrt_rtx":  # TensorRT-RTX or nothing: the error reaches the caller, every time
             for _ in range(2):

@@ -447,8 +447,8 @@ class _EngineStandIn(_executors.TrtExecutor):
         self.ort = _executors.OrtExecutor(onnx_region)
         self._pending = None  # no contexts being made
 
-    def __call__(self, tensors, shapes=None):
-        return self.ort(tensors)
+    def run(self, args, tensors=(), shapes=None):
+        return self.ort.run(args, tensors)
 
 
 @pytest.fixture
@@ -485,13 +485,13 @@ def test_a_failed_check_is_not_recorded_and_an_unreadable_record_means_check_aga
 
     model = eval_model(MLP())
     x = torch.randn(4, 16)
-    right = _EngineStandIn.__call__
-    monkeypatch.setattr(_EngineStandIn, "__call__", lambda self, tensors, shapes=None: [t * 0 for t in self.ort(tensors)])
+    right = _EngineStandIn.run
+    monkeypatch.setattr(_EngineStandIn, "run", lambda self, args, tensors=(), shapes=None: [t * 0 for t in self.ort.run(args, tensors)])
     y = compile_and_run(model, x, min_block_size=1, target_compute_capabilities=SM86)
     torch.testing.assert_close(y, model(x))  # the wrong engine was caught
     assert rtx_backend.stats()["validation_failures"] == 1
     assert not list(Options().engine_cache_path.glob("*.validated"))  # type: ignore[union-attr]
-    monkeypatch.setattr(_EngineStandIn, "__call__", right)
+    monkeypatch.setattr(_EngineStandIn, "run", right)
     assert _validation.first_call  # (the module the check lives in)
     (entry,) = Options().engine_cache_path.glob("*.engine")  # type: ignore[union-attr]
     entry.with_suffix(".validated").write_text("{not json")

@@ -79,8 +79,8 @@ def test_a_region_that_failed_to_compile_runs_in_pytorch_and_says_why(monkeypatc
 
 def test_validation_failure_shows_as_pytorch_after_the_call(monkeypatch):
     """The record is read from the live region: first-call validation moved it to PyTorch."""
-    real_call = _executors.OrtExecutor.__call__
-    monkeypatch.setattr(_executors.OrtExecutor, "__call__", lambda self, t: [o * 0 for o in real_call(self, t)])
+    real_call = _executors.OrtExecutor.run
+    monkeypatch.setattr(_executors.OrtExecutor, "run", lambda self, a, t=(), s=None: [o * 0 for o in real_call(self, a, t, s)])
     model = eval_model(MLP())
     x = torch.randn(2, 16)
     rec, y = run(model, x, min_block_size=1, runtime="onnxruntime", engine_cache_dir="")

@@ -50,7 +50,7 @@ def test_a_failed_enqueue_raises_when_the_options_ask_for_it(fake_executor, monk
     _failing_enqueue(monkeypatch)
     failing, _, _ = fake_executor(**options)
     _, compiled, x, region = _compiled_mlp()
-    region.executor, region.validate = failing, False
+    region.executor, region.validate, region.strict = failing, False, True  # (as runtime_module sets it)
     with torch.no_grad():
         for _ in range(2):  # every time: nothing was swapped
             with pytest.raises(rtx_backend.RtxBackendError, match="execute_async_v3 failed"):
@@ -59,10 +59,10 @@ def test_a_failed_enqueue_raises_when_the_options_ask_for_it(fake_executor, monk
 
 
 def _failing_ort(monkeypatch):
-    def fail(self, tensors):
+    def fail(self, args, tensors=(), shapes=None):
         raise RuntimeError("[ONNXRuntimeError] : 6 : RUNTIME_EXCEPTION : Non-zero status code")
 
-    monkeypatch.setattr(OrtExecutor, "__call__", fail)
+    monkeypatch.setattr(OrtExecutor, "run", fail)
 
 
 def test_an_onnx_runtime_error_at_call_time_runs_the_region_in_pytorch(monkeypatch, caplog):
@@ -108,10 +108,10 @@ def test_gpu_an_engine_failing_at_call_time_runs_in_pytorch(monkeypatch, caplog)
     (region,) = graphs[0].regions
     assert region.kind == "tensorrt_rtx"
 
-    def fail(self, tensors, shapes=None):
+    def fail(self, args, tensors=(), shapes=None):
         raise rtx_backend.RtxBackendError(f"region {self.name}: TensorRT-RTX execute_async_v3 failed: injected")
 
-    monkeypatch.setattr(TrtExecutor, "__call__", fail)
+    monkeypatch.setattr(TrtExecutor, "run", fail)
     caplog.clear()
     with torch.no_grad(), caplog.at_level(logging.WARNING, "rtx_backend"):
         for _ in range(3):

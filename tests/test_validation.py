@@ -21,15 +21,15 @@ ORT = {"min_block_size": 1, "runtime": "onnxruntime"}
 
 def break_ort(monkeypatch, how, only=None):
     """Make OrtExecutor return wrong outputs (for regions whose ONNX model contains `only`)."""
-    original = OrtExecutor.__call__
+    original = OrtExecutor.run
 
-    def broken(self, tensors):
-        outputs = original(self, tensors)
+    def broken(self, args, tensors=(), shapes=None):
+        outputs = original(self, args, tensors, shapes)
         if only is not None and only not in self.region.model:
             return outputs
         return [how(o) for o in outputs]
 
-    monkeypatch.setattr(OrtExecutor, "__call__", broken)
+    monkeypatch.setattr(OrtExecutor, "run", broken)
 
 
 _GRAPHS: list = []
@@ -152,7 +152,7 @@ def fp32_accurate(x: torch.Tensor) -> torch.Tensor:
 
 
 def replace_ort(monkeypatch, fn):
-    monkeypatch.setattr(OrtExecutor, "__call__", lambda self, tensors: [fn(tensors[0])])
+    monkeypatch.setattr(OrtExecutor, "run", lambda self, args, tensors=(), shapes=None: [fn(tensors[0])])
 
 
 X16 = torch.randn(64, 32, generator=torch.Generator().manual_seed(0)).half()
@@ -243,8 +243,8 @@ def test_gpu_engine_agrees_and_keeps_running_on_tensorrt_rtx(cls, shape, dtype):
 def test_gpu_broken_engine_is_caught(monkeypatch, caplog):
     from rtx_backend.run.executors import TrtExecutor
 
-    original = TrtExecutor.__call__
-    monkeypatch.setattr(TrtExecutor, "__call__", lambda self, t, shapes=None: [torch.zeros_like(o) for o in original(self, t, shapes)])
+    original = TrtExecutor.run
+    monkeypatch.setattr(TrtExecutor, "run", lambda self, a, t=(), shapes=None: [torch.zeros_like(o) for o in original(self, a, t, shapes)])
     model = eval_model(MLP(), torch.float16, "cuda")
     x = torch.randn(8, 16, device="cuda", dtype=torch.float16)
     with caplog.at_level(logging.ERROR, logger="rtx_backend"):

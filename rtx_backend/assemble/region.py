@@ -26,7 +26,7 @@ from ..export.bridge import export_region, input_specs
 from ..export.dump import dump_region
 from ..export.model import OnnxModel
 from ..run.choose import choose_executor
-from ..run.executors import OrtExecutor, TorchExecutor, TrtExecutor
+from ..run.executors import Executor, TorchExecutor, TrtExecutor
 from ..run.region import RegionModule, region_device
 
 log = logging.getLogger("rtx_backend")
@@ -73,7 +73,7 @@ def runtime_module(
     record: Validation | None,
     options: Options,
     device: torch.device,
-    executor: TrtExecutor | OrtExecutor | None = None,
+    executor: Executor | None = None,
     overrides: dict[str, Any] | None = None,
 ) -> RegionModule:
     """The runtime module of a region whose model and engine are at hand: its executor (chosen
@@ -95,7 +95,7 @@ def runtime_module(
     module = RegionModule(name, reference, onnx_region, engine, executor, validate=validate, profile=widener,
                           on_validated=on_validated, engine_key=record.key if record is not None else None,
                           device=device, strict=options.strict or options.runtime == "tensorrt_rtx")
-    module.why = getattr(executor, "why", "")
+    module.why = executor.why
     module.engine_source = "engine cache" if engine is not None and record is not None else ""
     return module
 

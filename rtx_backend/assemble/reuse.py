@@ -20,7 +20,6 @@ from ..cache.graphs import GraphCache, GraphEntry, RegionRef, graph_key, shape_s
 from ..cache.store import Key
 from ..lower.lowering import is_weight, lower, without_autocast
 from ..plan.partition import PartitionPlan
-from ..run.executors import TorchExecutor
 from ..run.region import RegionModule, direct_forward
 from .graph import compile_graph, generate_code
 from .region import runtime_module
@@ -109,7 +108,7 @@ def to_graph_cache(graphs: GraphCache, key: Key, plan: PartitionPlan, example_in
     """Store the compiled graph when every region runs an engine from the engine cache (a region
     that fell back to PyTorch may do better in another process)."""
     modules = [getattr(plan.graph_module, n) for n in plan.regions]
-    if not all(isinstance(m, RegionModule) and m.engine_key is not None and not isinstance(m.executor, TorchExecutor)
+    if not all(isinstance(m, RegionModule) and m.engine_key is not None and not m.executor.reference
                for m in modules):
         return
     entry = GraphEntry(plan.graph_module, {m.name: m.graph_module for m in modules},

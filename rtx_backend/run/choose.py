@@ -13,18 +13,18 @@ from .._errors import BuildError, RuntimeUnavailableError
 from .._log import say_once
 from .._options import Options
 from .._types import EngineData
-from .executors import OrtExecutor, TrtExecutor
+from .executors import Executor, OrtExecutor, TrtExecutor
 
 log = logging.getLogger("rtx_backend")
 
 
 def choose_executor(
     name: str, onnx_region: Any, engine: EngineData | None, options: Options, device: torch.device
-) -> TrtExecutor | OrtExecutor:
+) -> Executor:
     """TensorRT-RTX where this GPU runs the engine; else ONNX Runtime (runtime='auto')."""
     if options.runtime == "onnxruntime":
         executor = _ort(onnx_region)
-        executor.why = "runtime='onnxruntime' was asked for"  # type: ignore[attr-defined]
+        executor.why = "runtime='onnxruntime' was asked for"
         return executor
     targets = options.target_compute_capabilities
     current = _targets.current_capability()
@@ -48,7 +48,7 @@ def choose_executor(
         raise RuntimeUnavailableError(f"runtime='tensorrt_rtx' but region {name} cannot run here: {why}")
     say_once(f"trtrtx: TensorRT-RTX cannot run engines here ({why}); regions run in ONNX Runtime instead")
     executor = _ort(onnx_region)
-    executor.why = why  # type: ignore[attr-defined]  # for rtx_backend.recording()
+    executor.why = why  # for rtx_backend.recording()
     return executor
 
 

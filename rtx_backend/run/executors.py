@@ -1,8 +1,14 @@
-"""Executors: run one region's engine, ONNX model, or FX graph on a list of input tensors.
+"""Executors: run one region's engine, ONNX model, or FX graph.
 
-All three share one interface, `__call__(tensors) -> list[Tensor]`, so that the runtime
-module, first-call validation and the cross-check compare them through the same code
-(TrtExecutor also takes the tensors' shapes, when the caller has them: it is on every call's path).
+All three implement one interface, `Executor`: `run(args, tensors, shapes) -> list[Tensor]`,
+given the region's arguments as the graph passes them, the model inputs among them and their
+shapes (the region module picks those once per call: it is on every call's path). PyTorch runs
+the arguments, ONNX Runtime the tensors, TensorRT-RTX the tensors at their shapes. The runtime
+module, first-call validation and the cross-check run them all through the same code.
+
+Long because TrtExecutor is: making contexts off the caller's thread, binding only what changed
+on every call, two contexts for CUDA graph captures, the legacy-stream side path and refits all
+act on the same per-engine state.
 """
 
 from __future__ import annotations
@@ -46,19 +52,45 @@ def torch_dtype(trt_dtype: Any) -> torch.dtype:
     return table[trt_dtype]
 
 
-class TorchExecutor:
+class Executor:
+    """What every executor is. `kind` names the runtime; `why` says why a region runs on
+    something other than TensorRT-RTX (for rtx_backend.recording()); `reference` is true for
+    PyTorch, whose results are the reference (nothing to fit, validate or fall back from);
+    `fixed_shapes` is true where only the engine's profile can run, and no empty tensor."""
+
+    kind = ""
+    why = ""
+    reference = False
+    fixed_shapes = False
+
+    def run(self, args: Sequence[Any], tensors: Sequence[torch.Tensor] = (),
+            shapes: tuple[torch.Size, ...] | None = None) -> list[torch.Tensor]:
+        raise NotImplementedError
+
+    def pending(self) -> bool:
+        """Whether the executor is still being set up (a first call would wait)."""
+        return False
+
+    def with_engine(self, engine: EngineData) -> Executor:
+        """The executor for the region with `engine` (built for a wider profile) in place of its own."""
+        return self
+
+
+class TorchExecutor(Executor):
     """Runs the region's ATen graph in PyTorch (fallback and reference)."""
 
     kind = "pytorch"
+    reference = True
 
     def __init__(self, gm: torch.fx.GraphModule) -> None:
         self.gm = gm
 
-    def run_args(self, args: Sequence[Any]) -> list[torch.Tensor]:
+    def run(self, args: Sequence[Any], tensors: Sequence[torch.Tensor] = (),
+            shapes: tuple[torch.Size, ...] | None = None) -> list[torch.Tensor]:
         return list(self.gm(*args))
 
 
-class OrtExecutor:
+class OrtExecutor(Executor):
     """Runs the region's ONNX model in ONNX Runtime (host copies; for machines without a GPU)."""
 
     kind = "onnxruntime"
@@ -77,7 +109,8 @@ class OrtExecutor:
         self.region = region
         self.lock = threading.Lock()
 
-    def __call__(self, tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    def run(self, args: Sequence[Any], tensors: Sequence[torch.Tensor] = (),
+            shapes: tuple[torch.Size, ...] | None = None) -> list[torch.Tensor]:
         device = tensors[0].device if tensors else torch.device("cpu")
         feeds = {s.name: t.detach().cpu().contiguous().numpy() for s, t in zip(self.region.inputs, tensors)}
         with self.lock:
@@ -147,7 +180,7 @@ class _Binding:
     scratch_bound: bool = False  # the executor's own scratch memory is the one set (uncaptured calls)
 
 
-class TrtExecutor:
+class TrtExecutor(Executor):
     """Runs a TensorRT-RTX engine on torch's current CUDA stream, with torch-allocated outputs.
 
     Contexts take their scratch memory from PyTorch's allocator (USER_MANAGED): a context that
@@ -172,6 +205,7 @@ class TrtExecutor:
     """
 
     kind = "tensorrt_rtx"
+    fixed_shapes = True
 
     def __init__(self, engine_bytes: EngineData, region: OnnxRegion, options: Options, name: str = "region") -> None:
         self.runtime, self.engine = deserialize(engine_bytes)
@@ -272,7 +306,11 @@ class TrtExecutor:
             )
         return self._side_events
 
-    def __call__(self, tensors: Sequence[torch.Tensor], shapes: tuple[torch.Size, ...] | None = None) -> list[torch.Tensor]:
+    def with_engine(self, engine: EngineData) -> TrtExecutor:
+        return TrtExecutor(engine, self.region, self.options, self.name)
+
+    def run(self, args: Sequence[Any], tensors: Sequence[torch.Tensor] = (),
+            shapes: tuple[torch.Size, ...] | None = None) -> list[torch.Tensor]:
         """Run the engine on `tensors` (whose shapes the caller may pass, if it has them)."""
         if self._pending is not None:
             self.ready()

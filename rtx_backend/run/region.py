@@ -19,7 +19,7 @@ from .._errors import CudaGraphError, RtxBackendError
 from .._types import EngineData, OnnxRegion
 from ..build.profiles import EngineProfile
 from ..cache.engines import Key
-from ..run.executors import OrtExecutor, TorchExecutor, TrtExecutor
+from ..run.executors import Executor, TorchExecutor
 from ..run.validation import capturing, first_call
 
 log = logging.getLogger("rtx_backend")
@@ -46,7 +46,7 @@ class RegionModule(torch.nn.Module):
         graph: torch.fx.GraphModule,
         onnx_region: OnnxRegion | None,
         engine: EngineData | None,
-        executor: TrtExecutor | OrtExecutor | TorchExecutor,
+        executor: Executor,
         *,
         validate: bool = True,
         profile: EngineProfile | None = None,
@@ -85,23 +85,21 @@ class RegionModule(torch.nn.Module):
 
     def forward(self, *args: Any) -> tuple[torch.Tensor, ...]:
         executor = self.executor
-        if isinstance(executor, TorchExecutor):
-            return tuple(executor.run_args(args))
-        assert self.onnx is not None
+        if executor.reference:  # PyTorch runs the region: nothing to pick, fit or check
+            return tuple(executor.run(args))
         tensors = self.pick_tensors(args)
         shapes = tuple(map(_SHAPE, tensors))  # (C calls: no Python frame per tensor)
         if shapes != self.fitted_shapes:  # checked once per shape change, not on every call
             if self.profile is not None and not self.fit_profile(tensors):
                 return tuple(self.graph_module(*args))  # no engine for these shapes: PyTorch runs them
-            if isinstance(self.executor, TrtExecutor) and any(t.numel() == 0 for t in tensors):
+            if self.executor.fixed_shapes and any(t.numel() == 0 for t in tensors):
                 return tuple(self.graph_module(*args))  # TensorRT-RTX does not run empty tensors
             self.fitted_shapes = shapes
         runner = self.executor  # fit_profile may have swapped in an engine for a wider profile
-        assert not isinstance(runner, TorchExecutor)
         validating = self.validate and self.checked is not runner
         reference = self.reference_while_pending(runner, args) if validating else None
         try:
-            outputs = tuple(runner(tensors, shapes) if isinstance(runner, TrtExecutor) else runner(tensors))
+            outputs = tuple(runner.run(args, tensors, shapes))
         except CudaGraphError as exc:  # inside a CUDA graph capture the engine cannot take part in
             if not self.capture_fallback_said:
                 self.capture_fallback_said = True
@@ -127,12 +125,12 @@ class RegionModule(torch.nn.Module):
             return super().__call__(*args)  # type: ignore[no-any-return]
         return self.forward(*args)
 
-    def reference_while_pending(self, runner: Any, args: Sequence[Any]) -> tuple[torch.Tensor, ...] | None:
+    def reference_while_pending(self, runner: Executor, args: Sequence[Any]) -> tuple[torch.Tensor, ...] | None:
         """PyTorch's results for the first-call check, computed while the engine's contexts are
         still being made on the setup thread (a cold engine's take a second or more: TensorRT-RTX
         compiles its kernels), so that the two overlap. None when the contexts are ready, during
         a CUDA graph capture, or if PyTorch fails here (first_call then runs it and says why)."""
-        if not (isinstance(runner, TrtExecutor) and runner.pending() and self.validated_executor is not runner):
+        if not (runner.pending() and self.validated_executor is not runner):
             return None
         if capturing(args):
             return None
@@ -141,7 +139,7 @@ class RegionModule(torch.nn.Module):
         except Exception:
             return None
 
-    def run_in_pytorch(self, runner: Any, exc: Exception, args: Sequence[Any]) -> tuple[torch.Tensor, ...]:
+    def run_in_pytorch(self, runner: Executor, exc: Exception, args: Sequence[Any]) -> tuple[torch.Tensor, ...]:
         """The region's results from PyTorch, which runs it from now on, when its executor fails
         at call time (contexts that cannot be made, a failed enqueue, an ONNX Runtime error): one
         warning, then PyTorch; unless the options ask for TensorRT-RTX or nothing
@@ -150,8 +148,7 @@ class RegionModule(torch.nn.Module):
             wrapped = RtxBackendError(f"region {self.name}: {runner.kind} failed: {type(exc).__name__}: {exc}")
             wrapped.__cause__ = exc
             exc = wrapped
-        options = getattr(runner, "options", None)
-        if self.strict or (options is not None and (options.strict or options.runtime == "tensorrt_rtx")):
+        if self.strict:
             raise exc
         if self.executor is runner:  # (not taken again by a thread that failed at the same time)
             log.warning("trtrtx: %s; region %s runs in PyTorch from now on", exc, self.name)
@@ -175,16 +172,14 @@ class RegionModule(torch.nn.Module):
                 self.widen_failed = True
                 log.warning(
                     "trtrtx: region %s: no engine for input shapes %s (%s); such calls run in %s",
-                    self.name, shapes, exc, "PyTorch" if isinstance(self.executor, TrtExecutor) else self.kind,
+                    self.name, shapes, exc, "PyTorch" if self.executor.fixed_shapes else self.kind,
                 )
-            return not isinstance(self.executor, TrtExecutor)
+            return not self.executor.fixed_shapes
         return True
 
     def _install_engine(self, engine: EngineData) -> None:
         """Swap in an engine built for a wider profile (a new TensorRT-RTX context for it)."""
-        if isinstance(self.executor, TrtExecutor):
-            old = self.executor
-            self.executor = TrtExecutor(engine, old.region, old.options, old.name)
+        self.executor = self.executor.with_engine(engine)
         self.engine = engine
 
     def extra_repr(self) -> str:

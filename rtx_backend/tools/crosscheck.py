@@ -30,7 +30,7 @@ from .._options import Options
 from .._record import recording
 from .._torch_compat import tree_flatten
 from ..run.compare import OutputComparison, ToleranceSpec, compare, pick_tolerance
-from ..run.executors import OrtExecutor, TrtExecutor
+from ..run.executors import Executor, OrtExecutor, TrtExecutor
 
 log = logging.getLogger("rtx_backend")
 
@@ -171,7 +171,7 @@ def _region_check(
     except Exception as exc:
         return RuntimeCheck(label, runtime, PYTORCH, error=f"could not load: {type(exc).__name__}: {exc}")
     try:
-        outputs = executor(region.pick_tensors(args))
+        outputs = executor.run(args, region.pick_tensors(args))
     except Exception as exc:
         return RuntimeCheck(label, runtime, PYTORCH, error=f"failed to run: {type(exc).__name__}: {exc}")
     if len(outputs) != len(reference):
@@ -183,7 +183,7 @@ class _Skip(Exception):
     """This runtime cannot run the region on this machine (not a disagreement)."""
 
 
-def _executor(runtime: str, region: Any, options: Options) -> Callable[[list[torch.Tensor]], list[torch.Tensor]]:
+def _executor(runtime: str, region: Any, options: Options) -> Executor:
     """The region's own executor for `runtime` when it has one, else a new one."""
     if runtime == "onnxruntime":
         if isinstance(region.executor, OrtExecutor):

@@ -83,7 +83,7 @@ def _first_engine(region: OnnxRegion) -> None:
         engine = build(region.source, None, {}).data
         options = Options(runtime_cache_path=None, engine_cache_dir=None, progress=False)
         executor = TrtExecutor(engine, region, options, "preload")
-        executor([_example(s, executor.device) for s in region.inputs])
+        executor.run((), [_example(s, executor.device) for s in region.inputs])
         torch.cuda.synchronize(executor.device)
     except Exception as exc:
         log.debug("trtrtx: preload's warm-up engine failed (%s: %s)", type(exc).__name__, exc)
