@@ -57,12 +57,11 @@ def check_region(
     fx_names: Collection[str],
     targets: tuple[Target, ...],
     *,
-    ask_parser: bool = True,
     network: Network | None = None,
 ) -> None:
     """Raise RegionRefused naming the region's FX nodes that TensorRT-RTX cannot take, if any.
     `network`: the model already parsed for the build (its parser's verdict is reused)."""
-    refused = screen_region(model, fx_names, targets, ask_parser=ask_parser, network=network)
+    refused = screen_region(model, fx_names, targets, network=network)
     if refused:
         log.info("trtrtx: the ONNX screen keeps %d node(s) in PyTorch: %s", len(refused),
                  "; ".join(f"{k}: {v}" for k, v in refused.items()))
@@ -75,7 +74,6 @@ def screen_region(
     targets: tuple[Target, ...],
     *,
     rules: tuple[Rule, ...] = RULES,
-    ask_parser: bool = True,
     network: Network | None = None,
 ) -> dict[str, Reason]:
     """FX node name -> Reason for each node of the region (named in `fx_names`) that the ONNX
@@ -84,7 +82,7 @@ def screen_region(
     skeleton = model.skeleton if isinstance(model, OnnxModel) else model
     proto = onnx.load_from_string(skeleton if skeleton is not None else as_bytes(model))
     refusals = onnx_refusals(proto, targets, rules)
-    if ask_parser and _trt.available() and not (network is not None and not network.errors):
+    if _trt.available() and not (network is not None and not network.errors):
         for index, reason in parser_refusals(as_bytes(model), proto).items():
             refusals.setdefault(index, reason)
     out: dict[str, Reason] = {}

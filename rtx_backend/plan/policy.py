@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import operator
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
@@ -122,7 +122,6 @@ _CONV = re.compile(
     r"thnn_conv2d|_slow_conv2d_forward|slow_conv3d(_forward)?|slow_conv_dilated[23]d)$"
 )
 _CONVOLUTION_TRANSPOSED_ARG = 6  # aten.convolution(input, weight, bias, stride, padding, dilation, transposed, ...)
-CDIST_ROW_THRESHOLD = 25  # above this many rows, cdist's default compute_mode uses a GEMM
 
 
 def op_names(target: Any) -> tuple[str, str]:
@@ -167,22 +166,6 @@ def _arg(node: Node, index: int, name: str, default: Any) -> Any:
     return node.args[index] if len(node.args) > index else node.kwargs.get(name, default)
 
 
-def _is_cdist_gemm(node: Node, inputs: list[Any]) -> bool:
-    """cdist with p=2 computes through a GEMM (compute_mode 1, or 0/None above 25 rows).
-
-    The lowering decomposes cdist, so this only judges graphs lowered without our table.
-    """
-    if _arg(node, 2, "p", 2.0) != 2:
-        return False
-    mode = _arg(node, 3, "compute_mode", None)
-    if mode == 1:
-        return True
-    if mode == 2:
-        return False
-    rows = [t.shape[-2] for t in inputs[:2] if t.dim() >= 2]
-    return any(not isinstance(r, int) or r > CDIST_ROW_THRESHOLD for r in rows)
-
-
 def _data_dependent(t: torch.Tensor) -> bool:
     for size in t.shape:
         if isinstance(size, torch.SymInt) and any(
@@ -211,9 +194,7 @@ def node_facts(node: Node) -> NodeFacts | Reason:
     family, rank = op_family(name), None
     if family == "other" and all(t.dim() == 0 for t in (*inputs, *outputs)):
         return NodeFacts(family, input_dtypes, dtypes, rank, frozenset({"scalar"}))
-    if name in ("cdist", "_cdist_forward"):
-        family = "gemm" if _is_cdist_gemm(node, inputs) else "other"
-    elif family in ("conv", "conv_transpose"):
+    if family in ("conv", "conv_transpose"):
         if name in ("convolution", "_convolution", "convolution_overrideable") and bool(
             _arg(node, _CONVOLUTION_TRANSPOSED_ARG, "transposed", False)
         ):
@@ -271,13 +252,11 @@ class CapabilitySupport(OperatorSupportBase):
         targets: tuple[Target, ...],
         torch_executed_ops: frozenset[str] = frozenset(),
         rules: tuple[Rule, ...] = RULES,
-        extra_checks: tuple[Callable[[Node], Reason | None], ...] = (),
         refused: Mapping[str, Reason] | None = None,
     ) -> None:
         self.targets = targets
         self.torch_executed_ops = torch_executed_ops
         self.rules = rules
-        self.extra_checks = extra_checks
         self.refused = dict(refused or {})
         self.reasons: dict[str, Reason] = {}
 
@@ -315,8 +294,4 @@ class CapabilitySupport(OperatorSupportBase):
             rule, target = match
             dtypes = ", ".join(sorted(str(d).removeprefix("torch.") for d in facts.dtypes))
             return Reason(rule.name, f"{rule.message} ({overload}, {dtypes})", target)
-        for check in self.extra_checks:
-            reason = check(node)
-            if reason is not None:
-                return reason
         return None
