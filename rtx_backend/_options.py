@@ -1,6 +1,9 @@
 """Settings: one frozen dataclass, built from the `options=` dict given to torch.compile.
 
 Every field is validated here, once; the rest of the pipeline receives an `Options` and trusts it.
+
+Long because every option is validated here, once: the dataclass with one documented field per
+option, and the checks its construction applies to each.
 """
 
 from __future__ import annotations

@@ -18,6 +18,9 @@ model lacks a weight's initializer is exported and built again. PyTorch's parts 
 read the live weights (the frozen tensors share their storage), so only a replaced tensor is
 rebound there. A weight replaced by a tensor of another shape, dtype or device makes the graph
 run in PyTorch from then on, with a warning (Dynamo's guards normally recompile first).
+
+Long because checking, refitting and rebuilding share the guard's per-call path and the
+regions' state, and need the ONNX initializer helpers that are here with them.
 """
 
 from __future__ import annotations

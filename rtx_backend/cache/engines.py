@@ -20,6 +20,10 @@ never served (the stored key and input specs are compared with the wanted ones).
 (entries, graph entries, validation records) carries an HMAC of its header under this user's
 cache key (_trust): a file that this user did not write is a miss, whatever its checksums say.
 Eviction and `clear-cache` delete only files whose names and first bytes are ours.
+
+Long because the key, the graph digests it is made of, the entry's file format and the cache's
+load, store, eviction and validation records all describe one kind of file; the framing and
+threads that the caches share are in store.py.
 """
 
 from __future__ import annotations

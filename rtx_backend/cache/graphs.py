@@ -26,6 +26,9 @@ A pickle can run code when it is loaded, so nothing is unpickled before the head
 user's cache key, see _trust) and the payload's SHA-256 that it vouches for are checked; and the
 unpickler then takes only the classes and functions that a compiled graph is made of (torch, FX,
 this package, a few builtins): a file that names anything else is refused, not loaded.
+
+Long because the key (guards, shapes, weights), the entry's format and its restricted
+unpickler belong together: the unpickler's allow-list must match what the pickler writes.
 """
 
 from __future__ import annotations

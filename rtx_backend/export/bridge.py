@@ -3,6 +3,10 @@
 Symbolic sizes that enter a region as SymInt inputs are recomputed inside the region from the
 tensor inputs' dimensions, so the ONNX model takes tensors only and its dynamic dimensions are
 named dim_params. Inputs and outputs get stable names: input_0.., output_0..
+
+Long because the rewrites of the region graph that the export needs (symbolic sizes from the
+inputs, fused attention made plain, broadcast weight matmuls as one GEMM) sit next to the
+exporter call they prepare, and each is only meaningful for it.
 """
 
 from __future__ import annotations

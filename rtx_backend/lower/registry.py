@@ -16,6 +16,9 @@ The exporter also decomposes every program it is given (torch.export's run_decom
 re-trace of the whole graph: about 0.2 s per region once warm). A region comes from aot_autograd
 already decomposed for this exporter, so when no op of the exported program is one that the pass
 would decompose, translate skips it (see `already_decomposed`).
+
+Long because the lazy registry mirrors, step by step, how the exporter builds its own
+registry, and the translate path needs both, with the fallback to the public export.
 """
 
 from __future__ import annotations

@@ -13,6 +13,9 @@ compile time (rule "parser-unsupported") show in the compile's logs, not here.
 
 Like `torch._dynamo.explain`, it resets Dynamo before and after (so that Dynamo traces the
 model afresh): models compiled earlier in the process recompile on their next call.
+
+Long because it runs Dynamo itself to collect graph breaks and maps every node kept in
+PyTorch to its rule, fix and user frame; the table rendering is in explain_render.py.
 """
 
 from __future__ import annotations
