@@ -24,11 +24,11 @@ from rtx_backend.cache import engines as _engine_cache
 from rtx_backend.cache import graphs as _graph_cache
 from rtx_backend.cache import store
 
-from .helpers import _LAST, compile_and_run, regions
-from .models import MLP, ConvNet, WithEagerOp, eval_model
+from ..helpers import _LAST, compile_and_run, regions
+from ..models import MLP, ConvNet, WithEagerOp, eval_model
 
 SM86 = [(8, 6)]
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _opts(tmp_path: Path, **kw) -> dict:

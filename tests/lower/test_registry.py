@@ -19,8 +19,8 @@ from rtx_backend.export.bridge import export_region
 from rtx_backend.lower import registry as _registry
 from rtx_backend.lower.lowering import lower
 
-from .models import MLP, ConvNet
-from .zoo import ResNetish, SelfAttention
+from ..models import MLP, ConvNet
+from ..zoo import ResNetish, SelfAttention
 
 
 class NormMLP(nn.Module):

@@ -23,7 +23,7 @@ from rtx_backend.run import executors as _executors
 from rtx_backend.run import runtime_cache as _runtime_cache
 from rtx_backend.run.region import RegionModule
 
-from .models import MLP, eval_model
+from ..models import MLP, eval_model
 
 # ---- CPU: the executor's decisions, with a fake TensorRT-RTX ----------------------------------
 

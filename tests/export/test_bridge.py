@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 import rtx_backend
 
-from .helpers import compile_and_run, regions
+from ..helpers import compile_and_run, regions
 
 AMPERE = {"target_compute_capabilities": [(8, 6)], "min_block_size": 1}
 

@@ -25,8 +25,8 @@ from rtx_backend.lower.lowering import lower
 from rtx_backend.plan.partition import plan_graph
 from rtx_backend.plan.policy import RULES, CapabilitySupport, NodeFacts, op_family
 
-from .helpers import _LAST, compile_and_run, regions
-from .zoo import ZOO
+from ..helpers import _LAST, compile_and_run, regions
+from ..zoo import ZOO
 
 TURING = [(7, 5)]
 AMPERE = [(8, 6)]

@@ -17,8 +17,8 @@ from rtx_backend.cache import graphs as _graph_cache
 from rtx_backend.cache import store
 from rtx_backend.cache.engines import EngineCache
 
-from .helpers import compile_and_run
-from .models import MLP, eval_model
+from ..helpers import compile_and_run
+from ..models import MLP, eval_model
 
 SM86 = [(8, 6)]
 NOBODY = 65534

@@ -24,7 +24,7 @@ from rtx_backend.export import model as _onnx_model
 from rtx_backend.export.bridge import export_region
 from rtx_backend.export.model import EXTERNAL_MIN_BYTES, OnnxModel, host_bytes
 
-from .test_policy import lowered, plan
+from ..plan.test_policy import lowered, plan
 
 needs_trt = pytest.mark.skipif(not _trt.available(), reason="TensorRT-RTX is not importable here")
 
@@ -209,7 +209,7 @@ def test_a_corrupt_weight_table_is_a_miss_not_a_crash(tmp_path, caplog, table, w
 def test_gpu_engine_from_weights_by_pointer_matches_eager(monkeypatch, dtype):
     """CUDA weights reach the parser by pointer (copied to the host once), and the engine built from
     them gives eager's results."""
-    from .helpers import compile_and_run, regions
+    from ..helpers import compile_and_run, regions
 
     taken: list[bool] = []
     original = _engine._parse_weightless

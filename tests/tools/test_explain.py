@@ -14,7 +14,7 @@ from torch import nn
 import rtx_backend
 from rtx_backend.tools import explain as _explain
 
-from .models import WithEagerOp, eval_model
+from ..models import WithEagerOp, eval_model
 
 TURING = [(7, 5)]
 

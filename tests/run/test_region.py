@@ -1,6 +1,6 @@
 """The runtime module: a region whose runtime fails at call time runs in PyTorch from then on,
 with one warning, unless the options ask for TensorRT-RTX or nothing (strict, runtime=tensorrt_rtx).
-TensorRT-RTX is faked (tests/test_cuda_graphs.py's fake engine); ONNX Runtime is broken on purpose."""
+TensorRT-RTX is faked (tests/run/test_cuda_graphs.py's fake engine); ONNX Runtime is broken on purpose."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import rtx_backend
 from rtx_backend._record import recording
 from rtx_backend.run.executors import OrtExecutor
 
-from .models import MLP, eval_model
-from .test_cuda_graphs import FakeEngine, _compiled_mlp, fake_executor  # noqa: F401  (a fixture)
+from ..models import MLP, eval_model
+from ..run.test_cuda_graphs import FakeEngine, _compiled_mlp, fake_executor  # noqa: F401  (a fixture)
 
 
 def _failing_enqueue(monkeypatch):

@@ -14,7 +14,7 @@ from rtx_backend._record import recording
 from rtx_backend.run import validation as _validation
 from rtx_backend.run.executors import OrtExecutor
 
-from .models import MLP, ConvNet, WithEagerOp, eval_model
+from ..models import MLP, ConvNet, WithEagerOp, eval_model
 
 ORT = {"min_block_size": 1, "runtime": "onnxruntime"}
 

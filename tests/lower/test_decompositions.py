@@ -11,7 +11,7 @@ import torch
 
 from rtx_backend.lower import decompositions as _decompositions
 
-from .helpers import _LAST, compile_and_run, regions
+from ..helpers import _LAST, compile_and_run, regions
 
 
 def test_meta_kernel_gives_the_inputs_shape_and_dtype():

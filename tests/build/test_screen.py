@@ -17,8 +17,8 @@ from rtx_backend.build.screen import fx_node_name, onnx_refusals, parser_refusal
 from rtx_backend.export.bridge import export_region
 from rtx_backend.plan import policy as _policy
 
-from .helpers import _LAST, compile_and_run, regions
-from .test_policy import GEMM_OPS, lowered, plan, region_ops
+from ..helpers import _LAST, compile_and_run, regions
+from ..plan.test_policy import GEMM_OPS, lowered, plan, region_ops
 
 TURING = ((7, 5),)
 AMPERE = ((8, 6),)

@@ -15,8 +15,8 @@ from rtx_backend import _trt
 from rtx_backend.export.bridge import export_region
 from rtx_backend.export.rewrite import transposes_into_gemm
 
-from .models import MLP
-from .test_registry import _check_against_graph, _region, _seeded
+from ..lower.test_registry import _check_against_graph, _region, _seeded
+from ..models import MLP
 
 RNG = np.random.default_rng(0)
 

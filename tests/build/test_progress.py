@@ -11,8 +11,8 @@ from rtx_backend import Options
 from rtx_backend.build import engine as _engine
 from rtx_backend.build import progress as _progress
 
-from .helpers import compile_and_run
-from .models import MLP, eval_model
+from ..helpers import compile_and_run
+from ..models import MLP, eval_model
 
 
 class Tty(io.StringIO):

@@ -12,7 +12,7 @@ from rtx_backend._errors import BuildError
 from rtx_backend.assemble import region as _region
 from rtx_backend.run.executors import OrtExecutor
 
-from .models import MLP, ConvNet, WithEagerOp, eval_model
+from ..models import MLP, ConvNet, WithEagerOp, eval_model
 
 ORT = {"min_block_size": 1, "runtime": "onnxruntime"}
 

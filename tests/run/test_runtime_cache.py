@@ -24,7 +24,7 @@ from rtx_backend import _log, _targets
 from rtx_backend._options import Options
 from rtx_backend.run import runtime_cache as _runtime_cache
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 GPU = ("NVIDIA GeForce RTX 3090", (8, 6))
 
 
@@ -243,7 +243,7 @@ AT_EXIT = textwrap.dedent(
     sys.path.insert(0, sys.argv[1])
     from rtx_backend.run import runtime_cache as _runtime_cache
     from rtx_backend._options import Options
-    from tests.test_runtime_cache import FakeConfig, GPU
+    from tests.run.test_runtime_cache import FakeConfig, GPU
     from rtx_backend import _targets
     _targets.gpu_identity_parts = lambda: GPU
     entry = _runtime_cache.attach(FakeConfig(), Options.from_dict({"runtime_cache_path": sys.argv[2]}))
@@ -268,7 +268,7 @@ WRITER = textwrap.dedent(
     sys.path.insert(0, sys.argv[1])
     from rtx_backend.run import runtime_cache as _runtime_cache
     from rtx_backend.run.runtime_cache import RuntimeCache
-    from tests.test_runtime_cache import FakeCache
+    from tests.run.test_runtime_cache import FakeCache
     path = Path(sys.argv[2])
     rng = random.Random(int(sys.argv[3]))
     bad = 0

@@ -18,8 +18,8 @@ from rtx_backend.cache import store
 from rtx_backend.tools import info as _info
 from rtx_backend.tools.adopt import adopt_cache
 
-from .helpers import compile_and_run
-from .models import MLP, eval_model
+from ..helpers import compile_and_run
+from ..models import MLP, eval_model
 
 SM86 = [(8, 6)]
 

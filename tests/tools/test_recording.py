@@ -12,7 +12,7 @@ from rtx_backend import _log
 from rtx_backend.assemble import region as _region
 from rtx_backend.run import executors as _executors
 
-from .models import MLP, WithEagerOp, eval_model
+from ..models import MLP, WithEagerOp, eval_model
 
 SM86 = [(8, 6)]
 TWO_REGIONS = {"min_block_size": 1, "torch_executed_ops": ["aten.sigmoid"], "target_compute_capabilities": SM86}

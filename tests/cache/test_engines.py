@@ -25,11 +25,11 @@ from rtx_backend.cache import store
 from rtx_backend.cache.engines import EngineCache, EngineEntry, Key
 from rtx_backend.run import executors as _executors
 
-from .helpers import compile_and_run, regions
-from .models import MLP, eval_model
+from ..helpers import compile_and_run, regions
+from ..models import MLP, eval_model
 
 SM86 = [(8, 6)]
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _options(**kw) -> Options:
@@ -392,7 +392,7 @@ WRITER = textwrap.dedent(
     from pathlib import Path
     sys.path.insert(0, sys.argv[1])
     import rtx_backend
-    from tests.test_engine_cache import _entry, _key
+    from tests.cache.test_engines import _entry, _key
     from rtx_backend.cache.engines import EngineCache
 
     warnings = []

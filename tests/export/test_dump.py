@@ -11,8 +11,8 @@ import torch
 from rtx_backend._types import OnnxRegion, TensorSpec
 from rtx_backend.export.dump import dump_region
 
-from .helpers import compile_and_run, regions
-from .models import MLP, WithEagerOp, eval_model
+from ..helpers import compile_and_run, regions
+from ..models import MLP, WithEagerOp, eval_model
 
 
 def test_every_region_is_dumped_and_passes_the_onnx_checker(tmp_path):

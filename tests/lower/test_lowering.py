@@ -9,7 +9,7 @@ import torch
 import rtx_backend
 from rtx_backend.lower import lowering as _lowering
 
-from .helpers import compile_and_run, regions
+from ..helpers import compile_and_run, regions
 
 
 class ShiftedWindowMask(torch.nn.Module):
