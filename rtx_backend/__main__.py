@@ -1,4 +1,4 @@
-"""`python -m rtx_backend info | clear-cache` (see _info.py)."""
+"""`python -m rtx_backend info | clear-cache` (see tools/info.py)."""
 
 from __future__ import annotations
 

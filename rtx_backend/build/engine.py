@@ -43,7 +43,7 @@ class Network:
 
 def parse_network(model: bytes | OnnxModel) -> Network:
     """Parse the model; an in-memory model gives the parser its weights by pointer (see
-    _onnx_model), a serialized one goes through `parse`. Never raises for the model's content:
+    export/model.py), a serialized one goes through `parse`. Never raises for the model's content:
     the parser's complaints are in `errors`."""
     if isinstance(model, OnnxModel) and model.skeleton is not None:
         parsed = _parse_weightless(model)
@@ -120,7 +120,7 @@ def build(
 ) -> BuiltEngine:
     """Build a serialized engine; raises BuildError with TensorRT-RTX's own messages.
     `refittable`: built with BuilderFlag.REFIT, so that new weights can replace the ones it
-    froze without a rebuild (see _weights)."""
+    froze without a rebuild (see assemble/weights.py)."""
     trt = _trt.trt()
     errors = _trt.logger().errors
     errors.clear()

@@ -408,7 +408,7 @@ class EngineCache:
 
 def encode(key: Key, entry: EngineEntry) -> list[Any]:
     """The entry file's chunks: magic, header length, header, the ONNX model, the engine. An
-    in-memory model is stored as its skeleton and raw weights (see _onnx_model), not serialized."""
+    in-memory model is stored as its skeleton and raw weights (see export/model.py), not serialized."""
     source = entry.region.source
     parts = source.parts() if isinstance(source, OnnxModel) else None
     onnx_meta: dict[str, Any]

@@ -359,7 +359,7 @@ def export_region(gm: torch.fx.GraphModule, *, optimize: bool = True, keep_weigh
     """Export one region to ONNX; raises BuildError with the exporter's message on failure.
     `keep_weights`: each frozen weight stays an initializer of its own, by name and as it is in
     PyTorch (the optimizer folds nothing into it), so that new weights can replace it: see
-    _weights."""
+    assemble/weights.py."""
     tensor_args = tensors_only(gm)
     unfuse_attention(gm)
     expand_grouped_attention(gm)
@@ -407,9 +407,9 @@ def _to_onnx(
     exported: Any, args: tuple[torch.Tensor, ...], input_names: list[str], output_names: list[str], optimize: bool,
     keep_weights: bool = False,
 ) -> Any:
-    """torch.onnx.export of the exported program, through _registry (which skips the registry
+    """torch.onnx.export of the exported program, through lower/registry.py (which skips the registry
     rebuild of every public call) where this torch's private exporter API allows; weight
-    transposes are folded into Gemm flags before the exporter's optimizer runs (_onnx_rewrite).
+    transposes are folded into Gemm flags before the exporter's optimizer runs (export/rewrite.py).
 
     With `keep_weights`, the frozen weights are graph inputs while the optimizer runs: it folds
     constants only, so a BatchNormalization stays one (TensorRT-RTX fuses it into the convolution

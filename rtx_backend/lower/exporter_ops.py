@@ -4,7 +4,7 @@ Importing the exporter's registry (onnxscript's torchlib) takes seconds, on ever
 learn which ops it translates (the policy asks, and the lowering keeps those ops whole). The
 answer depends only on the torch and onnxscript versions, so it is kept in a small JSON file under
 the cache root; a missing, unreadable or corrupt file means asking the registry's index
-(_registry.py), which names the ops without inferring their signatures.
+(lower/registry.py), which names the ops without inferring their signatures.
 """
 
 from __future__ import annotations

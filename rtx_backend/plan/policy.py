@@ -3,7 +3,7 @@
 One table (`RULES`) keyed by op family, dtype, spatial rank and target compute capability.
 It is applied to the lowered ATen graph, so fused and decomposed ops are judged as what they
 are (a `linear` arrives as `addmm`, an `einsum` as `bmm`, attention as the fused SDPA op). The
-same table judges each exported region's ONNX nodes (`_screen.py`), which catches what only
+same table judges each exported region's ONNX nodes (`build/screen.py`), which catches what only
 becomes a GEMM or a convolution on export. The policy fails closed: a node whose dtype or
 shape is unknown stays in PyTorch. Every refusal is kept as a `Reason` (rule, target, message)
 for `explain` and the logs.

@@ -61,7 +61,7 @@ class RegionModule(torch.nn.Module):
         self.onnx = onnx_region
         self.engine = engine
         self.executor = executor
-        self.validate = validate  # first-call check of each executor against PyTorch (_validation.py)
+        self.validate = validate  # first-call check of each executor against PyTorch (validation.py)
         self.validated_executor: object = None
         # called when `executor` (the engine-cache entry's engine, not a widened one) passes its check
         self.on_validated = (executor, on_validated) if on_validated is not None else None

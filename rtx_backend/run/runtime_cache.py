@@ -39,9 +39,6 @@ from ..cache.store import CorruptEntry, framed_header, read_header
 
 log = logging.getLogger("rtx_backend")
 
-_LOCK = threading.Lock()
-_CACHES: dict[str, RuntimeCache] = {}  # file path, or "memory:<gpu>" -> the process's cache
-_ATEXIT_REGISTERED = False
 MAGIC = b"TRTRTX-RUNTIME-CACHE\n"
 FORMAT = 1
 SUFFIX = ".cache"
@@ -155,7 +152,7 @@ class RuntimeCache:
     def _merged(self) -> tuple[bytes, bytes | None]:
         """The cache's bytes, with the kernels of the file added when another process saved it
         since this one last read or wrote it (TensorRT-RTX's deserialize adds to a cache:
-        `bench/probes/runtime_cache_merge.py`); and the SHA-256 of the file as it is."""
+        a probe since removed); and the SHA-256 of the file as it is."""
         assert self.path is not None
         data = _files.read_bytes(self.path)
         current = None
@@ -194,14 +191,8 @@ def attach(config: Any, options: Options) -> RuntimeCache | None:
         if path is not None and not _trust.trusted_directory(path.parent, "runtime cache directory"):
             path = None  # memory only
         key = str(path) if path is not None else f"memory:{_targets.gpu_identity()}"
-        with _LOCK:
-            entry = _CACHES.get(key)
-            if entry is None:
-                entry = RuntimeCache(config.create_runtime_cache(), path)
-                entry.load(config.create_runtime_cache)
-                _CACHES[key] = entry
-                if path is not None:
-                    _register_atexit()
+        entry = CACHES.get(key, lambda: RuntimeCache(config.create_runtime_cache(), path),
+                           config.create_runtime_cache)
         if config.set_runtime_cache(entry.cache) is False:
             raise RuntimeError("set_runtime_cache returned False")
     except Exception as exc:
@@ -223,9 +214,7 @@ def save_runtime_cache() -> list[Path]:
     to persist the JIT work earlier (say, after a warm-up). Returns the files that now hold the
     process's caches; a file that could not be written is left out, with a warning.
     """
-    with _LOCK:
-        entries = list(_CACHES.values())
-    return [e.path for e in entries if e.path is not None and e.save()]
+    return [e.path for e in CACHES.all() if e.path is not None and e.save()]
 
 
 def resolve_path(option: str | None) -> Path | None:
@@ -244,8 +233,30 @@ def default_file_name() -> str:
     return f"tensorrt_rtx-{_trt.version()}-{slug}-sm{major}{minor}{SUFFIX}"
 
 
-def _register_atexit() -> None:
-    global _ATEXIT_REGISTERED
-    if not _ATEXIT_REGISTERED:
-        _ATEXIT_REGISTERED = True
-        atexit.register(save_runtime_cache)
+class Caches:
+    """The process's runtime caches: one per file (or, in memory only, per GPU), made and loaded
+    on first use, saved at interpreter exit once one has a file."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.by_key: dict[str, RuntimeCache] = {}  # file path, or "memory:<gpu>" -> the cache
+        self.saves_at_exit = False
+
+    def get(self, key: str, make: Callable[[], RuntimeCache], create: Callable[[], Any]) -> RuntimeCache:
+        with self.lock:
+            entry = self.by_key.get(key)
+            if entry is None:
+                entry = make()
+                entry.load(create)
+                self.by_key[key] = entry
+                if entry.path is not None and not self.saves_at_exit:
+                    self.saves_at_exit = True
+                    atexit.register(save_runtime_cache)
+            return entry
+
+    def all(self) -> list[RuntimeCache]:
+        with self.lock:
+            return list(self.by_key.values())
+
+
+CACHES = Caches()

@@ -1,4 +1,4 @@
-"""Weights that change after compile (_weights): every change is seen before it can be served,
+"""Weights that change after compile (rtx_backend/assemble/weights.py): every change is seen before it can be served,
 and the regions take the new weights (ONNX Runtime here; TensorRT-RTX's refitter on a GPU)."""
 
 from __future__ import annotations

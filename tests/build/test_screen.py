@@ -1,4 +1,4 @@
-"""The ONNX screen (rtx_backend/_screen.py): the policy table on exported ONNX nodes, TensorRT-RTX's
+"""The ONNX screen (rtx_backend/build/screen.py): the policy table on exported ONNX nodes, TensorRT-RTX's
 parser asked what it cannot take, refused ONNX nodes mapped back to FX nodes, re-partitioning."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""In-memory ONNX models (rtx_backend/_onnx_model.py): the weightless skeleton, weights handed to
+"""In-memory ONNX models (rtx_backend/export/model.py): the weightless skeleton, weights handed to
 TensorRT-RTX's parser by pointer, the fallbacks, and the bytes everything else still gets."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Weight transposes folded into Gemm flags (_onnx_rewrite), on hand-made graphs and on exports."""
+"""Weight transposes folded into Gemm flags (rtx_backend/export/rewrite.py), on hand-made graphs and on exports."""
 
 from __future__ import annotations
 

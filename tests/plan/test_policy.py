@@ -1,4 +1,4 @@
-"""The capability policy (rtx_backend/_policy.py): the Turing rules on every op form that reaches
+"""The capability policy (rtx_backend/plan/policy.py): the Turing rules on every op form that reaches
 them after lowering, fail-closed metadata, reasons, and TensorRT-RTX 1.7's builder as an oracle
 over the model zoo (tests/zoo.py): every region the backend makes must build."""
 

@@ -144,7 +144,7 @@ def fake_executor(monkeypatch):
     monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
     monkeypatch.setattr(_executors, "current_raw_stream", lambda index: world.stream)
     monkeypatch.setattr(_executors, "stream_capturing", lambda: world.capturing)
-    monkeypatch.setattr(_runtime_cache, "_CACHES", {})
+    monkeypatch.setattr(_runtime_cache, "CACHES", _runtime_cache.Caches())
     monkeypatch.setattr(_targets, "gpu_identity_parts", lambda: ("NVIDIA GeForce RTX 3090", (8, 6)))
 
     def make(*, capturable: bool = True, dynamic: bool = False, **options):

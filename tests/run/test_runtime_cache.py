@@ -66,7 +66,7 @@ class FakeConfig:
 @pytest.fixture(autouse=True)
 def _fresh_registry(monkeypatch, request):
     """A new process, as far as the runtime cache registry knows; a fake GPU for CPU tests."""
-    monkeypatch.setattr(_runtime_cache, "_CACHES", {})
+    monkeypatch.setattr(_runtime_cache, "CACHES", _runtime_cache.Caches())
     monkeypatch.setattr(_log, "SAID", _log.Once())
     if request.node.get_closest_marker("gpu") is None:
         monkeypatch.setattr(_targets, "gpu_identity_parts", lambda: GPU)
@@ -85,7 +85,7 @@ def _ours(blob: bytes) -> bytes:
 
 
 def _restart(monkeypatch) -> None:
-    monkeypatch.setattr(_runtime_cache, "_CACHES", {})
+    monkeypatch.setattr(_runtime_cache, "CACHES", _runtime_cache.Caches())
 
 
 def test_default_file_is_per_version_and_gpu(tmp_path, monkeypatch):
@@ -388,7 +388,7 @@ _SAVER = textwrap.dedent("""
     if name == "conv":
         while not (sync / "mlp.saved").exists():
             time.sleep(0.05)
-    (entry,) = _runtime_cache._CACHES.values()
+    (entry,) = _runtime_cache.CACHES.all()
     own = len(bytes(entry.cache.serialize()))
     rtx_backend.save_runtime_cache()
     (sync / f"{name}.saved").touch()
