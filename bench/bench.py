@@ -288,7 +288,7 @@ def run_config(name: str, factory: Callable[[], nn.Module], shape: tuple[int, ..
 def engine_ms(fn: Callable[..., Any], x: torch.Tensor, regions: list[Any], iters: int) -> float | None:
     """Per call, the time of the model's TensorRT-RTX executors alone (CUDA events), on the inputs
     each region receives: at a large batch, the engine time; the rest of a call is everything else."""
-    from rtx_backend._executors import TrtExecutor
+    from rtx_backend.run.executors import TrtExecutor
 
     seen: dict[int, list[torch.Tensor]] = {}
 
@@ -307,9 +307,9 @@ def engine_ms(fn: Callable[..., Any], x: torch.Tensor, regions: list[Any], iters
     if not runs:
         return None
     with torch.inference_mode():
-        for ex, args in runs:
-            ex(args)
-        lat = latencies(lambda: [ex(args) for ex, args in runs], iters)
+        for ex, tensors in runs:
+            ex.run((), tensors)
+        lat = latencies(lambda: [ex.run((), tensors) for ex, tensors in runs], iters)
     return statistics.median(lat)
 
 
@@ -495,7 +495,7 @@ def weight_check_us(model: nn.Module, x: torch.Tensor, rounds: int = 15, n: int 
     compiled graph checks only those its regions read, e.g. not BatchNorm's num_batches_tracked).
     Median of interleaved rounds."""
     from rtx_backend._options import Options
-    from rtx_backend._weights import WeightGuard
+    from rtx_backend.assemble.weights import WeightGuard
 
     args = [x, *model.parameters(), *model.buffers()]
     ready = (x,)

@@ -21,9 +21,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench
-from rtx_backend import _engine_cache, _files, _trust
-from rtx_backend._engine_cache import EngineCache, Entry, Key
-from rtx_backend._onnx_bridge import OnnxRegion, TensorSpec
+from rtx_backend import _files, _trust
+from rtx_backend._types import OnnxRegion, TensorSpec
+from rtx_backend.cache import engines as _engine_cache
+from rtx_backend.cache.engines import EngineCache, EngineEntry, Key
 
 
 def best_of(fn, n: int) -> float:
@@ -57,7 +58,7 @@ def main() -> None:
 
     spec = TensorSpec("input_0", (4, 16), torch.float32, (4, 16), None)
     region = OnnxRegion(os.urandom(1 << 20), (0,), (spec,), (spec,))
-    entry = Entry(region, os.urandom(args.engine_mb << 20), {})
+    entry = EngineEntry(region, os.urandom(args.engine_mb << 20), {})
     key = Key("cd" * 32, {"graph": "bench"})
     cache = EngineCache(directory, 1 << 40)
     assert cache.store(key, entry)

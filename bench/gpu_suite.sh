@@ -21,7 +21,7 @@ tests)
   python3 -m rtx_backend info > "$out/info.txt" 2>&1
   logs=$(mktemp -d)
   # FILES: a subset; the memory test measures the whole GPU's memory, so it runs alone, last
-  files=$(grep -l "mark.gpu" ${FILES:-tests/test_*.py})
+  files=$(grep -l "mark.gpu" ${FILES:-$(find tests -name "test_*.py" | sort)})
   run_file='log='"$logs"'/$(basename {} .py).log; timeout '"${PER_FILE:-300}"' python3 -m pytest -m gpu -q -s \
     -p no:cacheprovider -o faulthandler_timeout='"${HANG_S:-150}"' -rfEs {} > $log 2>&1; \
     echo "{} rc=$? $(grep -E "(passed|failed|error|skipped)" $log | tail -1)"'

@@ -60,7 +60,7 @@ def main() -> None:
             torch._dynamo.reset()
             gc.collect()
             if cycle == 0:
-                rtx_backend._engine_cache.flush()
+                rtx_backend.cache.store.flush()
                 rtx_backend.reset_stats()
                 continue
             rss.append(rss_mb())

@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import rtx_backend
     from rtx_backend._record import recording
-    from rtx_backend._region_op import REGION, RegionCall
+    from rtx_backend.run.region_op import REGION, RegionCall
 
     device = "cuda" if args.gpu else "cpu"
     model = nn.Sequential(nn.Linear(16, 16), nn.ReLU()).eval().to(device)

@@ -164,7 +164,7 @@ def load(name: str, size: str, batch: int, dtype: torch.dtype, device: str) -> t
 @contextlib.contextmanager
 def failing_lowering() -> Any:
     """trtrtx's lowering raises: the whole graph is the rest (Swin-T on the H200 did this)."""
-    from rtx_backend import _backend
+    from rtx_backend.assemble import reuse as _backend
 
     real = _backend.lower
 

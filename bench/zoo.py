@@ -299,9 +299,9 @@ def check_cpu(name: str, dtype: torch.dtype, targets: Sequence[tuple[int, int]],
     engines are built ahead of time for the targets), run it, compare it with eager PyTorch (FP16:
     also with FP32) and count what was lowered. Returns one JSON-able row."""
     import rtx_backend
-    from rtx_backend._compare import compare, judge_by_fp32
-    from rtx_backend._partition import compute_nodes
     from rtx_backend._record import recording
+    from rtx_backend.plan.partition import compute_nodes
+    from rtx_backend.run.compare import compare, judge_by_fp32
 
     model32, inputs = prepared or build(ZOO[name], size)
     x32 = inputs(batch)

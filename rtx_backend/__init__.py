@@ -28,8 +28,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from . import _decompositions, _engine_cache, _stats
-from . import _package as _package  # registers the trtrtx::engine op that saved packages call
+from . import _stats
 from ._errors import (
     BuildError,
     CudaGraphError,
@@ -40,29 +39,32 @@ from ._errors import (
     TargetError,
 )
 from ._options import Options
-from ._package import load
-from ._recording import EagerRecord, GraphRecord, Recording, RegionRecord, recording
 from ._stats import reset_stats
+from .assemble import package as _package  # noqa: F401  (registers the trtrtx::engine op)
+from .assemble.package import load
+from .cache import store as _store
+from .lower import decompositions as _decompositions
+from .tools.recording import EagerRecord, GraphRecord, Recording, RegionRecord, recording
 
 if TYPE_CHECKING:
     from ._backend import trtrtx
-    from ._crosscheck import CrosscheckReport, crosscheck
-    from ._explain import ExplainReport, explain
-    from ._preload import preload
-    from ._runtime_cache import save_runtime_cache
-    from ._save import save
+    from .run.runtime_cache import save_runtime_cache
+    from .tools.crosscheck import CrosscheckReport, crosscheck
+    from .tools.explain import ExplainReport, explain
+    from .tools.preload import preload
+    from .tools.save import save
 
 # What only compiling needs (Dynamo, aot_autograd, the ONNX exporter) is imported on first use of
 # these names, so that a process that loads a saved package (`load`) does not pay for it.
 _LAZY = {
     "trtrtx": "_backend",
-    "CrosscheckReport": "_crosscheck",
-    "crosscheck": "_crosscheck",
-    "ExplainReport": "_explain",
-    "explain": "_explain",
-    "preload": "_preload",
-    "save_runtime_cache": "_runtime_cache",
-    "save": "_save",
+    "CrosscheckReport": "tools.crosscheck",
+    "crosscheck": "tools.crosscheck",
+    "ExplainReport": "tools.explain",
+    "explain": "tools.explain",
+    "preload": "tools.preload",
+    "save_runtime_cache": "run.runtime_cache",
+    "save": "tools.save",
 }
 
 
@@ -88,7 +90,7 @@ def stats() -> dict[str, int]:
     """A snapshot of the event counters (compiles, engine builds, cache hits and stores). Cache
     files are written behind the compile, so it first waits for the writes submitted so far: the
     store counts are then complete."""
-    _engine_cache.flush()
+    _store.flush()
     return _stats.stats()
 
 

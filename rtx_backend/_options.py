@@ -1,6 +1,9 @@
 """Settings: one frozen dataclass, built from the `options=` dict given to torch.compile.
 
 Every field is validated here, once; the rest of the pipeline receives an `Options` and trusts it.
+
+Long because every option is validated here, once: the dataclass with one documented field per
+option, and the checks its construction applies to each.
 """
 
 from __future__ import annotations
@@ -15,9 +18,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
+from . import _trt
 from ._errors import OptionsError
+from ._types import Target
 
-Target = tuple[int, int]
 RUNTIMES = ("auto", "tensorrt_rtx", "onnxruntime")
 SPECIALIZATION_STRATEGIES = ("lazy", "eager", "none")
 CUDA_GRAPH_STRATEGIES = ("disabled", "whole_graph_capture")
@@ -261,9 +265,7 @@ def _targets(key: str, value: Any) -> tuple[Target, ...] | None:
             out.append(target)
     if not out:
         raise OptionsError(f"{key} is empty; give at least one (major, minor) or None")
-    from ._targets import check_buildable
-
-    check_buildable(tuple(out))
+    _trt.check_buildable(tuple(out))
     return tuple(out)
 
 
@@ -277,8 +279,6 @@ def _is_pair(value: Any) -> bool:
 def _op_names(key: str, value: Any) -> frozenset[str]:
     if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
         raise OptionsError(f"{key}={value!r} is not valid; give a list of op names")
-    from ._policy import normalize_op_name
-
     names = set()
     for item in value:
         name = normalize_op_name(item)
@@ -306,7 +306,9 @@ def _check_op_exists(key: str, name: str) -> None:
     except (AttributeError, RuntimeError):
         found = False
     if not found:
-        known = {n.split(".")[0] for n in torch._C._dispatch_get_all_op_names()}
+        from . import _torch_compat
+
+        known = {n.split(".")[0] for n in _torch_compat.dispatch_get_all_op_names()}
         close = difflib.get_close_matches(name.split(".")[0], known, n=3)
         hint = f"; did you mean {', '.join(close)}?" if close else ""
         raise OptionsError(f"{key}: there is no op {name!r} in this PyTorch{hint}")
@@ -398,3 +400,21 @@ def _document(cls: type) -> None:
 
 
 _document(Options)
+
+
+def normalize_op_name(item: Any) -> str | None:
+    """'aten.relu', 'aten::relu.default', torch.ops.aten.relu -> 'aten::relu[.overload]'."""
+    import torch
+
+    if isinstance(item, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
+        item = str(item)
+    if not isinstance(item, str):
+        return None
+    text = item.strip().removeprefix("torch.ops.").replace("::", ".")
+    parts = text.split(".")
+    if len(parts) not in (2, 3) or not all(re.fullmatch(r"\w+", p) for p in parts):
+        return None
+    name = f"{parts[0]}::{parts[1]}"
+    if len(parts) == 3 and parts[2] != "default":
+        name += f".{parts[2]}"
+    return name

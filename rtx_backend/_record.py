@@ -25,8 +25,8 @@ _ACTIVE: contextvars.ContextVar[list[CompiledGraph] | None] = contextvars.Contex
 class CompiledGraph:
     """One graph handed to the backend: its partition plan and its runtime modules."""
 
-    plan: Any  # _partition.PartitionPlan
-    regions: list[Any]  # _runtime.RegionModule, in graph order
+    plan: Any  # plan.partition.PartitionPlan
+    regions: list[Any]  # run.region.RegionModule, in graph order
     seconds: float
     from_graph_cache: bool = False
 

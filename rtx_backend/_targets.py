@@ -11,29 +11,8 @@ import functools
 import torch
 
 from . import _trt
-from ._errors import TargetError
-from ._options import Options, Target
-
-# What TensorRT-RTX 1.7 names, used only to validate options when TensorRT-RTX is not importable.
-KNOWN_CAPABILITIES: tuple[Target, ...] = ((7, 5), (8, 0), (8, 6), (8, 9), (12, 0), (12, 1))
-
-
-def buildable_capabilities() -> tuple[Target, ...]:
-    if _trt.available():
-        return tuple(_trt.named_capabilities())
-    return KNOWN_CAPABILITIES
-
-
-def check_buildable(targets: tuple[Target, ...]) -> None:
-    supported = buildable_capabilities()
-    bad = [t for t in targets if t not in supported]
-    if bad:
-        names = ", ".join(f"({a}, {b})" for a, b in supported)
-        who = (f"the installed TensorRT-RTX {_trt.version()}" if _trt.available()
-               else "TensorRT-RTX (not importable here; checked against the 1.7 list)")
-        raise TargetError(
-            f"target_compute_capabilities {bad} cannot be built by {who}; it builds for: {names}"
-        )
+from ._options import Options
+from ._types import Target
 
 
 @functools.cache
@@ -79,3 +58,17 @@ def no_cuda_reason() -> str | None:
         return (f"torch {torch.__version__} (CUDA {torch.version.cuda}) sees no CUDA GPU; check the "
                 "driver and CUDA_VISIBLE_DEVICES (`python -m rtx_backend info`)")
     return None
+
+
+def gpu_identity_parts() -> tuple[str, tuple[int, int]]:
+    """The current CUDA device's name and compute capability."""
+    import torch
+
+    index = torch.cuda.current_device()
+    major, minor = torch.cuda.get_device_capability(index)
+    return torch.cuda.get_device_name(index), (major, minor)
+
+
+def gpu_identity() -> str:
+    name, (major, minor) = gpu_identity_parts()
+    return f"{name} sm{major}{minor}"

@@ -11,7 +11,8 @@ import re
 from types import ModuleType
 from typing import Any
 
-from ._errors import RuntimeUnavailableError
+from ._errors import RuntimeUnavailableError, TargetError
+from ._types import Target
 
 SUPPORTED_VERSIONS = ((1, 4), (1, 7))  # inclusive range of major.minor we build against
 
@@ -107,3 +108,25 @@ class _Logger:
                     log.debug("TensorRT-RTX: %s", msg)
 
         return Logger()
+
+
+# What TensorRT-RTX 1.7 names, used only to validate options when TensorRT-RTX is not importable.
+KNOWN_CAPABILITIES: tuple[Target, ...] = ((7, 5), (8, 0), (8, 6), (8, 9), (12, 0), (12, 1))
+
+
+def buildable_capabilities() -> tuple[Target, ...]:
+    if available():
+        return tuple(named_capabilities())
+    return KNOWN_CAPABILITIES
+
+
+def check_buildable(targets: tuple[Target, ...]) -> None:
+    supported = buildable_capabilities()
+    bad = [t for t in targets if t not in supported]
+    if bad:
+        names = ", ".join(f"({a}, {b})" for a, b in supported)
+        who = (f"the installed TensorRT-RTX {version()}" if available()
+               else "TensorRT-RTX (not importable here; checked against the 1.7 list)")
+        raise TargetError(
+            f"target_compute_capabilities {bad} cannot be built by {who}; it builds for: {names}"
+        )

@@ -4,9 +4,14 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.ao.quantization.fx._decomposed
 
 import rtx_backend
 from rtx_backend import _trt
+
+# The quantized_decomposed op library is loaded by a process's first torch.compile (inductor's
+# decompositions import it). Loaded here, before any test runs, so that what the exporter's
+# registries name (tests/lower/) does not depend on whether a compile ran first.
 
 
 def gpu_skip_reason() -> str | None:

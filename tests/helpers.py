@@ -6,9 +6,9 @@ from typing import Any
 
 import torch
 
-from rtx_backend import _engine_cache
 from rtx_backend._record import CompiledGraph, recording
-from rtx_backend._runtime import RegionModule
+from rtx_backend.cache import store
+from rtx_backend.run.region import RegionModule
 
 _LAST: list[CompiledGraph] = []
 
@@ -19,7 +19,7 @@ def compile_and_run(model: torch.nn.Module, *inputs: torch.Tensor, **options: An
     with torch.no_grad(), recording() as graphs:
         out = compiled(*inputs)
     _LAST[:] = graphs
-    _engine_cache.flush()  # engine-cache files are written behind the compile: tests look at them
+    store.flush()  # engine-cache files are written behind the compile: tests look at them
     return out
 
 

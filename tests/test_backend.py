@@ -13,7 +13,8 @@ from parameterized import parameterized
 
 import rtx_backend
 from rtx_backend import _backend as _backend_module
-from rtx_backend import _engine, _trt
+from rtx_backend import _log, _trt
+from rtx_backend.build import engine as _engine
 
 from .helpers import _LAST, backend_error, compile_and_run, regions
 from .models import MLP, ConvNet, WithEagerOp, eval_model
@@ -198,7 +199,7 @@ class _ReturnsViewOfInput(torch.nn.Module):
 
 @pytest.mark.parametrize(("cls", "direct"), [(_Plain, True), (_MutatesInput, False), (_ReturnsViewOfInput, False)])
 def test_aot_wrappers_are_skipped_only_when_they_have_nothing_to_do(monkeypatch, cls, direct):
-    from rtx_backend import _lowering
+    from rtx_backend.lower import lowering as _lowering
 
     verdicts = []
     judge = _lowering.plain_calling_convention
@@ -294,8 +295,8 @@ def test_the_compiled_graph_runs_its_generated_code_without_reentering_module_ca
 def _one_region_graph(returned: str) -> torch.fx.GraphModule:
     """A partitioned graph by hand: inputs x, w, y; one region module taking (y, x) that returns
     (y + x, y @ x); the graph returns `returned` of the region's results ("01", "10" or "0")."""
-    from rtx_backend._executors import TorchExecutor
-    from rtx_backend._runtime import RegionModule
+    from rtx_backend.run.executors import TorchExecutor
+    from rtx_backend.run.region import RegionModule
 
     def body(a, b):
         return (a + b, a @ b)
@@ -313,7 +314,7 @@ def _one_region_graph(returned: str) -> torch.fx.GraphModule:
 
 @pytest.mark.parametrize(("returned", "direct"), [("01", True), ("10", False), ("0", False)])
 def test_a_graph_that_is_one_region_is_called_without_its_graph_code(returned, direct):
-    from rtx_backend._runtime import direct_forward
+    from rtx_backend.run.region import direct_forward
 
     gm = _one_region_graph(returned)
     fn = direct_forward(gm)
@@ -331,7 +332,7 @@ def test_a_graph_with_pytorch_ops_around_its_region_keeps_its_graph_code():
     x = torch.randn(2, 16)
     y = compile_and_run(model, x, min_block_size=1, target_compute_capabilities=SM86, torch_executed_ops=["aten.sigmoid"])
     torch.testing.assert_close(y, model(x))
-    from rtx_backend._runtime import direct_forward
+    from rtx_backend.run.region import direct_forward
 
     gm = _LAST[0].plan.graph_module
     assert len(regions()) == 2
@@ -339,7 +340,7 @@ def test_a_graph_with_pytorch_ops_around_its_region_keeps_its_graph_code():
 
 
 def test_a_region_called_directly_runs_with_autocast_off_and_calls_its_hooks():
-    from rtx_backend._runtime import direct_forward
+    from rtx_backend.run.region import direct_forward
 
     gm = _one_region_graph("01")
     fn = direct_forward(gm)
@@ -409,7 +410,7 @@ def test_mode_and_options_together_agree_or_raise():
 # ---- a graph of which nothing is lowered because of the targets says so at WARNING -------------
 
 def test_fp32_model_for_turing_that_lowers_nothing_warns_with_the_fix(monkeypatch, caplog):
-    monkeypatch.setattr(_backend_module, "_WARNED", set())
+    monkeypatch.setattr(_log, "SAID", _log.Once())
     model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 8)).eval()
     compiled = torch.compile(model, backend="trtrtx", options={"target_compute_capabilities": [(7, 5)],
                                                               "engine_cache_dir": ""})

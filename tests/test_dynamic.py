@@ -24,13 +24,16 @@ import torch
 from torch import nn
 
 import rtx_backend
-from rtx_backend import _engine, _engine_cache, _trt
+from rtx_backend import _trt
 from rtx_backend._errors import BuildError
-from rtx_backend._executors import TrtExecutor
-from rtx_backend._onnx_bridge import OnnxRegion, TensorSpec, export_region
-from rtx_backend._profiles import EngineProfile
 from rtx_backend._record import recording
-from rtx_backend._runtime import RegionModule
+from rtx_backend._types import OnnxRegion, TensorSpec
+from rtx_backend.build import engine as _engine
+from rtx_backend.build.profiles import EngineProfile
+from rtx_backend.cache import store
+from rtx_backend.export.bridge import export_region
+from rtx_backend.run.executors import TrtExecutor
+from rtx_backend.run.region import RegionModule
 
 SM86 = [(8, 6)]
 NO_CACHE = {"engine_cache_dir": "", "runtime_cache_path": ""}
@@ -222,7 +225,7 @@ def test_static_model_has_no_profile(monkeypatch):
         return original(model, targets, profile, **kw)
 
     monkeypatch.setattr(_engine, "build", spy)
-    monkeypatch.setattr("rtx_backend._backend.build", spy)
+    monkeypatch.setattr("rtx_backend.assemble.region.build", spy)
     model = FlattenMLP().eval()
     compiled = torch.compile(model, backend="trtrtx", options={**NO_CACHE, "min_block_size": 1,
                                                              "target_compute_capabilities": SM86})
@@ -269,7 +272,7 @@ def test_widened_engine_is_cached_for_later_processes(tmp_path):
             for b, s in [(2, 12), (2, 100), (3, 16)]:
                 x = torch.randn(b, s, 16)
                 torch.testing.assert_close(compiled(x), model(x), atol=1e-4, rtol=1e-4)
-        _engine_cache.flush()
+        store.flush()
         return rtx_backend.stats()
 
     first = run()

@@ -17,7 +17,8 @@ import pytest
 import torch
 
 import rtx_backend
-from rtx_backend import PackageError, RuntimeUnavailableError, _package, _targets, _trt
+from rtx_backend import PackageError, RuntimeUnavailableError, _targets, _trt
+from rtx_backend.assemble import package as _package
 
 TARGETS = [(8, 6), (8, 9)]
 ROOT = Path(__file__).resolve().parent.parent
@@ -235,8 +236,8 @@ def test_without_onnx_a_shape_outside_the_profile_is_a_clear_error():
 
 
 def _region_json():
-    from rtx_backend._engine_cache import _region_to_json
-    from rtx_backend._onnx_bridge import OnnxRegion, TensorSpec
+    from rtx_backend._types import OnnxRegion, TensorSpec
+    from rtx_backend.cache.engines import _region_to_json
 
     spec = TensorSpec("input_0", ("s0", 2), torch.float32, (4, 2))
     return _region_to_json(OnnxRegion(b"", (0,), (spec,), (TensorSpec("output_0", ("s0", 2), torch.float32, (4, 2)),)))
@@ -246,8 +247,8 @@ def test_fake_kernel_gives_shapes_from_the_inputs_symbols():
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
-    from rtx_backend._engine_cache import _region_to_json
-    from rtx_backend._onnx_bridge import OnnxRegion, TensorSpec
+    from rtx_backend._types import OnnxRegion, TensorSpec
+    from rtx_backend.cache.engines import _region_to_json
 
     specs = (TensorSpec("input_0", ("s0", "s1", 4), torch.float16, (2, 3, 4)),)
     outs = (TensorSpec("output_0", ("s0*s1", "(s0//2)", 4), torch.float16, (6, 1, 4)),

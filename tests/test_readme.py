@@ -15,8 +15,8 @@ import torch
 
 import rtx_backend
 from rtx_backend import Options
-from rtx_backend._explain import FIXES
-from rtx_backend._policy import RULES
+from rtx_backend.plan.policy import RULES
+from rtx_backend.tools.explain import FIXES
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()

@@ -12,9 +12,9 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.passes.shape_prop import ShapeProp
 
 from rtx_backend._errors import RtxBackendError
-from rtx_backend._executors import TorchExecutor
-from rtx_backend._region_op import REGION, REGION_INTS, RegionCall, as_op_graph, lookup
-from rtx_backend._runtime import RegionModule
+from rtx_backend.run.executors import TorchExecutor
+from rtx_backend.run.region import RegionModule
+from rtx_backend.run.region_op import REGION, REGION_INTS, RegionCall, as_op_graph, lookup
 
 
 class Body(nn.Module):

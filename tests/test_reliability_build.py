@@ -12,7 +12,10 @@ import pytest
 import torch
 
 import rtx_backend
-from rtx_backend import BuildError, _backend, _engine
+from rtx_backend import BuildError
+from rtx_backend.assemble import graph as _graph
+from rtx_backend.assemble import region as _region
+from rtx_backend.build import engine as _engine
 
 from .helpers import backend_error, compile_and_run, regions
 from .models import MLP, WithEagerOp, eval_model
@@ -55,13 +58,13 @@ def _ort_refuses(monkeypatch):
 
 # (stage, how to inject, text the warning must carry)
 STAGES = [
-    ("export", lambda mp: mp.setattr(_backend, "export_region", _raise(BuildError("ONNX export failed: injected"))),
+    ("export", lambda mp: mp.setattr(_region, "export_region", _raise(BuildError("ONNX export failed: injected"))),
      "ONNX export failed: injected"),
-    ("export_bug", lambda mp: mp.setattr(_backend, "export_region", _raise(KeyError("injected bug"))),
+    ("export_bug", lambda mp: mp.setattr(_region, "export_region", _raise(KeyError("injected bug"))),
      "KeyError"),
-    ("parse", lambda mp: mp.setattr(_backend, "parse_network", _raise(BuildError("parser rejected: injected"))),
+    ("parse", lambda mp: mp.setattr(_region, "parse_network", _raise(BuildError("parser rejected: injected"))),
      "parser rejected: injected"),
-    ("build", lambda mp: mp.setattr(_backend, "build", _raise(BuildError("TensorRT-RTX build failed: injected"))),
+    ("build", lambda mp: mp.setattr(_region, "build", _raise(BuildError("TensorRT-RTX build failed: injected"))),
      "build failed: injected"),
     ("build_returns_none", _builder_returns_none, "TensorRT-RTX build failed"),
     ("ort_session", _ort_refuses, "injected: ORT load failed"),
@@ -99,7 +102,7 @@ def test_strict_raises_our_error_through_dynamo(monkeypatch, stage, inject, caus
 
 def test_only_the_failing_region_falls_back(monkeypatch, caplog):
     """Two regions; the export of the second fails: the first still runs in ONNX Runtime."""
-    original = _backend.export_region
+    original = _region.export_region
     calls = []
 
     def export_second_fails(gm, **kwargs):
@@ -108,7 +111,7 @@ def test_only_the_failing_region_falls_back(monkeypatch, caplog):
             raise BuildError("ONNX export failed: injected")
         return original(gm, **kwargs)
 
-    monkeypatch.setattr(_backend, "export_region", export_second_fails)
+    monkeypatch.setattr(_region, "export_region", export_second_fails)
     model = eval_model(WithEagerOp())
     x = torch.randn(3, 16)
     y = compile_and_run(model, x, torch_executed_ops=["aten.sigmoid"], **BUILD)
@@ -123,7 +126,7 @@ def test_a_failed_build_is_not_cached_and_the_next_compile_builds(monkeypatch):
     model = eval_model(MLP())
     x = torch.randn(4, 16)
     with monkeypatch.context() as mp:
-        mp.setattr(_backend, "parse_network", _raise(BuildError("parser rejected: injected")))
+        mp.setattr(_region, "parse_network", _raise(BuildError("parser rejected: injected")))
         compile_and_run(model, x, **BUILD)
     assert [r.kind for r in regions()] == ["pytorch"]
     torch._dynamo.reset()
@@ -138,7 +141,7 @@ def test_a_failed_build_is_not_cached_and_the_next_compile_builds(monkeypatch):
 @pytest.mark.parametrize("strict", [False, True])
 def test_a_failure_outside_the_regions_runs_the_graph_in_pytorch(monkeypatch, caplog, strict):
     """The net under policy and partition: a bug there is a warning (or, strict, an error)."""
-    monkeypatch.setattr(_backend, "plan_graph", _raise(ValueError("injected policy bug")))
+    monkeypatch.setattr(_graph, "plan_graph", _raise(ValueError("injected policy bug")))
     model = eval_model(MLP())
     x = torch.randn(4, 16)
     if strict:
@@ -153,7 +156,7 @@ def test_a_failure_outside_the_regions_runs_the_graph_in_pytorch(monkeypatch, ca
 
 def test_fallback_model_keeps_working_across_calls_and_shapes(monkeypatch):
     """A region that fell back is a plain PyTorch graph: later calls (new values) stay correct."""
-    monkeypatch.setattr(_backend, "export_region", _raise(BuildError("ONNX export failed: injected")))
+    monkeypatch.setattr(_region, "export_region", _raise(BuildError("ONNX export failed: injected")))
     model = eval_model(MLP())
     compiled = torch.compile(model, backend="trtrtx", options=BUILD)
     with torch.no_grad():

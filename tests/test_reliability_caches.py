@@ -37,10 +37,13 @@ import pytest
 import torch
 
 import rtx_backend
-from rtx_backend import _engine_cache, _files, _runtime_cache
-from rtx_backend._engine_cache import EngineCache, Entry, Key
-from rtx_backend._onnx_bridge import OnnxRegion, TensorSpec
-from rtx_backend._runtime_cache import RuntimeCache
+from rtx_backend import _files
+from rtx_backend._types import OnnxRegion, TensorSpec
+from rtx_backend.cache import engines as _engine_cache
+from rtx_backend.cache import store
+from rtx_backend.cache.engines import EngineCache, EngineEntry, Key
+from rtx_backend.run import runtime_cache as _runtime_cache
+from rtx_backend.run.runtime_cache import RuntimeCache
 
 from .helpers import compile_and_run, regions
 from .models import MLP, eval_model
@@ -48,12 +51,12 @@ from .models import MLP, eval_model
 # ---- the two caches, with good content to lose ------------------------------------------------------
 
 
-def _entry(version: int, size: int = 4096) -> Entry:
+def _entry(version: int, size: int = 4096) -> EngineEntry:
     spec_in = TensorSpec("input_0", ("s0", 16), torch.float32, (4, 16), ((2, None), (16, 16)))
     spec_out = TensorSpec("output_0", ("s0", 8), torch.float32, (4, 8), ((2, None), (8, 8)))
     region = OnnxRegion(b"onnx-%d" % version, (0,), (spec_in,), (spec_out,))
     engine = hashlib.sha256(b"%d" % version).digest() * (size // 32)
-    return Entry(region, engine, {"input_0": ((1, 16), (4, 16), (4096, 16))})
+    return EngineEntry(region, engine, {"input_0": ((1, 16), (4, 16), (4096, 16))})
 
 
 def _key(name: str = "model", trt_version: str = "1.7.1") -> Key:
@@ -87,10 +90,10 @@ def _kernels(version: int, size: int = 4096) -> bytes:
     return hashlib.sha256(b"k%d" % version).digest() * (size // 32)
 
 
-def _read_entry(path: Path, key: Key) -> Entry | None:
+def _read_entry(path: Path, key: Key) -> EngineEntry | None:
     try:
         return _engine_cache.decode(path.read_bytes(), key)
-    except (OSError, _engine_cache.CorruptEntry):
+    except (OSError, store.CorruptEntry):
         return None
 
 
@@ -98,7 +101,7 @@ def _read_kernels(path: Path) -> bytes | None:
     cache = FakeRuntimeCache()
     try:
         return cache.kernels if cache.deserialize(_runtime_cache.unwrap(path.read_bytes())) else None
-    except (OSError, _runtime_cache.Foreign, _engine_cache.CorruptEntry):
+    except (OSError, _runtime_cache.Foreign, store.CorruptEntry):
         return None
 
 
@@ -199,8 +202,8 @@ def _restore(path):
 def _engine_header_flip(path, mp):
     """A one-bit flip in the region metadata that keeps the header valid JSON ("8" -> "9")."""
     data = path.read_bytes()
-    start = len(_engine_cache.MAGIC) + 8
-    head_len = int.from_bytes(data[len(_engine_cache.MAGIC):start], "little")
+    start = len(store.MAGIC) + 8
+    head_len = int.from_bytes(data[len(store.MAGIC):start], "little")
     head = data[start:start + head_len]
     at = head.index(b'"name": "output_0", "shape": [') + len(b'"name": "output_0", "shape": [')
     while not chr(head[at]).isalnum():
@@ -223,20 +226,20 @@ def _engine_foreign_format(path, mp):
 
 def _engine_huge_header_length(path, mp):
     data = path.read_bytes()
-    n = len(_engine_cache.MAGIC)
+    n = len(store.MAGIC)
     path.write_bytes(data[:n] + (2**62).to_bytes(8, "little") + data[n + 8:])
 
 
 def _engine_nested_json(path, mp):
     head = b"[" * 100_000 + b"]" * 100_000
-    path.write_bytes(_engine_cache.MAGIC + len(head).to_bytes(8, "little") + head)
+    path.write_bytes(store.MAGIC + len(head).to_bytes(8, "little") + head)
 
 
 def _engine_other_inputs(path, mp):
     """A well-formed entry for this key whose input specs differ from the region's."""
     entry = _entry(1)
     spec = dataclasses.replace(entry.region.inputs[0], dtype=torch.float16)
-    other = Entry(dataclasses.replace(entry.region, inputs=(spec,)), entry.engine, entry.profile)
+    other = EngineEntry(dataclasses.replace(entry.region, inputs=(spec,)), entry.engine, entry.profile)
     path.write_bytes(b"".join(_engine_cache.encode(_key(), other)))
 
 

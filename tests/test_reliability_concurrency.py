@@ -13,9 +13,9 @@ import pytest
 import torch
 
 import rtx_backend
-from rtx_backend import _validation
-from rtx_backend._executors import OrtExecutor
 from rtx_backend._record import recording
+from rtx_backend.run import validation as _validation
+from rtx_backend.run.executors import OrtExecutor
 
 from .models import MLP, WithEagerOp, eval_model
 
@@ -68,8 +68,8 @@ def test_threads_never_see_a_wrong_result_while_validation_decides(monkeypatch):
     """The runtime is broken (zeros). One thread compiles and makes the first call; while its
     first-call check runs, other threads call the same compiled graph: none of them may return
     the broken outputs as if they had been checked."""
-    original_call = OrtExecutor.__call__
-    monkeypatch.setattr(OrtExecutor, "__call__", lambda self, t: [torch.zeros_like(o) for o in original_call(self, t)])
+    original_call = OrtExecutor.run
+    monkeypatch.setattr(OrtExecutor, "run", lambda self, a, t=(), s=None: [torch.zeros_like(o) for o in original_call(self, a, t, s)])
     original_compare = _validation.compare
     checking = threading.Event()
 

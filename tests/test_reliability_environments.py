@@ -19,7 +19,9 @@ import pytest
 import torch
 
 import rtx_backend
-from rtx_backend import RuntimeUnavailableError, _backend, _executors, _targets, _trt
+from rtx_backend import RuntimeUnavailableError, _log, _targets, _trt
+from rtx_backend.assemble import region as _region
+from rtx_backend.run import executors as _executors
 
 from .helpers import backend_error, compile_and_run, regions
 from .models import WithEagerOp, eval_model
@@ -31,7 +33,7 @@ TWO_REGIONS = {"min_block_size": 1, "torch_executed_ops": ["aten.sigmoid"]}
 @pytest.fixture(autouse=True)
 def _fresh_warnings(monkeypatch):
     """The 'runs in ONNX Runtime' warning is once per process: start each test without it."""
-    monkeypatch.setattr(_backend, "_WARNED", set())
+    monkeypatch.setattr(_log, "SAID", _log.Once())
 
 
 def _fallback_warnings(caplog):
@@ -132,7 +134,7 @@ def refusing_gpu(monkeypatch):
 
     # torch.cuda itself stays as it is (Dynamo reads it); our code asks _targets and _executors
     monkeypatch.setattr(_targets, "current_capability", lambda: (8, 6))
-    monkeypatch.setattr(_backend, "region_device", lambda gm: torch.device("cuda", 0))
+    monkeypatch.setattr(_region, "region_device", lambda gm: torch.device("cuda", 0))
     monkeypatch.setattr(_executors, "deserialize", deserialize)
     return calls
 
@@ -148,7 +150,7 @@ def test_gpu_refused_by_tensorrt_rtx(refusing_gpu, caplog, runtime):
 
 def test_gpu_not_among_the_declared_targets(monkeypatch, caplog):
     monkeypatch.setattr(_targets, "current_capability", lambda: (8, 9))
-    monkeypatch.setattr(_backend, "region_device", lambda gm: torch.device("cuda", 0))
+    monkeypatch.setattr(_region, "region_device", lambda gm: torch.device("cuda", 0))
     _check_runtime_behaviour(caplog, "auto", "add (8, 9) to target_compute_capabilities",
                              target_compute_capabilities=SM86)
 

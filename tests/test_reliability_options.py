@@ -12,17 +12,19 @@ import numpy as np
 import pytest
 import torch
 
+from rtx_backend import _trt
+
 pytest.importorskip("hypothesis", reason="the property tests need hypothesis (pip install -e '.[test]')")
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 import rtx_backend
-from rtx_backend import Options, OptionsError, RtxBackendError, TargetError, _targets
+from rtx_backend import Options, OptionsError, RtxBackendError, TargetError
 from rtx_backend._options import MAX_DIM
 
 from .helpers import backend_error
 
-SUPPORTED = _targets.buildable_capabilities()
+SUPPORTED = _trt.buildable_capabilities()
 
 
 # ---- bad values: each one rejected with a message naming the option and what is valid ------------

@@ -17,11 +17,13 @@ import torch
 from torch import nn
 
 import rtx_backend
-from rtx_backend import _backend, _rest
 from rtx_backend._errors import OptionsError
-from rtx_backend._executors import OrtExecutor
 from rtx_backend._options import Options, options_for_mode
 from rtx_backend._record import recording
+from rtx_backend.assemble import region as _region
+from rtx_backend.assemble import rest as _rest
+from rtx_backend.assemble import reuse as _reuse
+from rtx_backend.run.executors import OrtExecutor
 
 from .models import MLP, ConvNet, WithEagerOp, eval_model
 from .test_dynamic import SWEEP, Block, compiles, size_oblivious
@@ -112,7 +114,7 @@ def test_a_graph_whose_lowering_failed_runs_in_inductor(monkeypatch, caplog):
     def broken(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("lowering broke")
 
-    monkeypatch.setattr(_backend, "lower", broken)
+    monkeypatch.setattr(_reuse, "lower", broken)
     torch.manual_seed(0)
     with caplog.at_level(logging.WARNING, logger="rtx_backend"):
         run(eval_model(MLP()), [torch.randn(4, 16)])
@@ -124,7 +126,7 @@ def test_a_region_that_fails_to_build_is_inlined_into_inductors_graph(monkeypatc
     def broken(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("export broke")
 
-    monkeypatch.setattr(_backend, "export_and_build", broken)
+    monkeypatch.setattr(_region, "export_and_build", broken)
     torch.manual_seed(0)
     regions = run(eval_model(WithEagerOp()), [torch.randn(4, 16)], torch_executed_ops=["aten.sigmoid"])
     assert len(regions) == 2 and all(r.kind == "pytorch" for r in regions)
@@ -133,15 +135,15 @@ def test_a_region_that_fails_to_build_is_inlined_into_inductors_graph(monkeypatc
 
 def test_a_region_that_fails_at_call_time_runs_in_inductor_from_then_on(monkeypatch, caplog):
     calls = {"n": 0}
-    real = OrtExecutor.__call__
+    real = OrtExecutor.run
 
-    def flaky(self: OrtExecutor, tensors: Any) -> Any:
+    def flaky(self: OrtExecutor, args: Any, tensors: Any = (), shapes: Any = None) -> Any:
         calls["n"] += 1
         if calls["n"] > 2:  # the first call (validated) works, then the executor fails
             raise RuntimeError("ORT broke")
-        return real(self, tensors)
+        return real(self, args, tensors, shapes)
 
-    monkeypatch.setattr(OrtExecutor, "__call__", flaky)
+    monkeypatch.setattr(OrtExecutor, "run", flaky)
     torch.manual_seed(0)
     model = eval_model(WithEagerOp())
     with caplog.at_level(logging.WARNING, logger="rtx_backend"):
@@ -152,12 +154,12 @@ def test_a_region_that_fails_at_call_time_runs_in_inductor_from_then_on(monkeypa
 
 
 def test_a_region_that_fails_validation_runs_in_inductor(monkeypatch):
-    real = OrtExecutor.__call__
+    real = OrtExecutor.run
 
-    def wrong(self: OrtExecutor, tensors: Any) -> Any:
-        return [torch.zeros_like(t) + 3.0 for t in real(self, tensors)]
+    def wrong(self: OrtExecutor, args: Any, tensors: Any = (), shapes: Any = None) -> Any:
+        return [torch.zeros_like(t) + 3.0 for t in real(self, args, tensors, shapes)]
 
-    monkeypatch.setattr(OrtExecutor, "__call__", wrong)
+    monkeypatch.setattr(OrtExecutor, "run", wrong)
     torch.manual_seed(0)
     regions = run(eval_model(MLP()), [torch.randn(4, 16) for _ in range(3)])
     assert regions and all(r.kind == "pytorch" for r in regions)
@@ -246,19 +248,19 @@ def test_fastest_needs_the_rest_in_inductor():
 
 def _count_ort_calls(monkeypatch) -> list[int]:
     calls = [0]
-    original = OrtExecutor.__call__
+    original = OrtExecutor.run
 
-    def counting(self, tensors):
+    def counting(self, args, tensors=(), shapes=None):
         calls[0] += 1
-        return original(self, tensors)
+        return original(self, args, tensors, shapes)
 
-    monkeypatch.setattr(OrtExecutor, "__call__", counting)
+    monkeypatch.setattr(OrtExecutor, "run", counting)
     return calls
 
 
 @pytest.mark.parametrize("faster", ["inductor", "executor"])
 def test_fastest_keeps_the_faster_and_records_it_beside_the_engine(tmp_path, monkeypatch, caplog, faster):
-    from rtx_backend import _choices
+    from rtx_backend.run import choices as _choices
 
     timings = {"inductor": _choices.Timing(executor_ms=2.0, inductor_ms=1.0),
                "executor": _choices.Timing(executor_ms=1.0, inductor_ms=2.0)}
@@ -303,7 +305,7 @@ def test_fastest_keeps_the_faster_and_records_it_beside_the_engine(tmp_path, mon
 
 
 def test_fastest_times_for_real_and_keeps_correct_results(tmp_path):
-    from rtx_backend import _choices
+    from rtx_backend.run import choices as _choices
 
     torch.manual_seed(0)
     model = eval_model(MLP())
@@ -324,7 +326,7 @@ def test_fastest_times_for_real_and_keeps_correct_results(tmp_path):
 def test_gpu_fastest_times_engine_and_inductor_and_keeps_the_faster(tmp_path, graphs):
     """On the GPU: the engine and inductor's Triton code are timed on the first call (inductor's
     CUDA graphs' warm-up), the decision is stored, and every later call (replays included) is right."""
-    from rtx_backend import _choices
+    from rtx_backend.run import choices as _choices
 
     torch.manual_seed(0)
     model = eval_model(WithEagerOp(), torch.float16, "cuda")

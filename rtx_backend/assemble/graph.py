@@ -1,0 +1,98 @@
+"""One lowered graph, compiled: planned (policy and partition), every region compiled in place,
+planned again without the nodes that the ONNX screen refuses, and its code generated."""
+
+from __future__ import annotations
+
+import copy
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from .. import _stats
+from .._errors import BuildError, RegionRefused
+from .._log import say_once
+from .._options import Options
+from .._record import CompiledGraph, record
+from .._types import Reason
+from ..plan.fixes import FIXES, TARGET_RULES
+from ..plan.partition import PartitionPlan, plan_graph
+from ..run.region import direct_forward
+from .region import compile_region
+
+log = logging.getLogger("rtx_backend")
+
+
+def compile_graph(
+    aten_gm: torch.fx.GraphModule,
+    args: Sequence[Any],
+    options: Options,
+    overrides: dict[str, Any] | None = None,
+    on_plan: Callable[[PartitionPlan], None] | None = None,
+) -> Callable[..., Any]:
+    start, before = time.perf_counter(), _stats.stats()
+    plan = compile_regions(aten_gm, overrides if overrides is not None else {}, options)
+    if on_plan is not None:
+        on_plan(plan)
+    gm = plan.graph_module
+    modules = [getattr(gm, n) for n in plan.regions]
+    generate_code(gm)
+    seconds = time.perf_counter() - start
+    record(CompiledGraph(plan, modules, seconds))
+    if not modules:
+        _warn_nothing_lowered(plan)
+    after = _stats.stats()
+    built, cached = (after.get(k, 0) - before.get(k, 0) for k in ("engine_builds", "engine_cache_hits"))
+    log.info(
+        "trtrtx: compiled a graph in %.2fs: %d region(s) %s, %d engine(s) built, %d loaded from cache, "
+        "%d op(s) left in PyTorch",
+        seconds, len(modules), [m.kind for m in modules], built, cached, len(plan.eager_ops),
+    )
+    return direct_forward(gm)
+
+
+def generate_code(gm: torch.fx.GraphModule) -> None:
+    """Generate the graph's code now. A lazily recompiled GraphModule (what the partitioner makes)
+    would keep `forward` as a stub that re-enters `__call__` and checks for a recompile on every
+    call: microseconds per call, for nothing."""
+    torch.fx.GraphModule.recompile(gm)  # GraphModule's own recompile: the real code generation
+
+
+def compile_regions(
+    aten_gm: torch.fx.GraphModule, overrides: dict[str, Any], options: Options
+) -> PartitionPlan:
+    """Plan, then compile every region in place. When the ONNX screen refuses nodes of a region
+    (RegionRefused), plan again with them in PyTorch, from a copy of the graph (partitioning
+    edits it). Each round refuses nodes that were in a region, so the loop ends."""
+    pristine = copy.deepcopy(aten_gm.graph)
+    known = {n.name for n in pristine.nodes}
+    refused: dict[str, Reason] = {}
+    gm = aten_gm
+    while True:
+        plan = plan_graph(gm, options, refused)
+        try:
+            for name in plan.regions:
+                region = compile_region(name, getattr(plan.graph_module, name), overrides, options)
+                setattr(plan.graph_module, name, region)
+            return plan
+        except RegionRefused as exc:
+            new = {k: v for k, v in exc.reasons.items() if k in known and k not in refused}
+            if not new:
+                raise BuildError(f"the ONNX screen refused nodes that are in no region: {exc}") from exc
+            refused.update(new)  # type: ignore[arg-type]
+            gm = torch.fx.GraphModule(aten_gm, copy.deepcopy(pristine))
+
+
+def _warn_nothing_lowered(plan: PartitionPlan) -> None:
+    """A graph of which nothing runs on TensorRT-RTX because of the declared targets (an FP32
+    model for Turing, say) deserves more than an INFO line: say which rules, and the fix."""
+    counts: dict[str, int] = {}
+    for reason in plan.reasons.values():
+        if reason.rule in TARGET_RULES:
+            counts[reason.rule] = counts.get(reason.rule, 0) + 1
+    if counts:
+        rules = "; ".join(f"{rule} kept {n} node(s) in PyTorch (fix: {FIXES[rule]})" for rule, n in counts.items())
+        say_once(f"trtrtx: nothing of this graph runs on TensorRT-RTX: {rules}. rtx_backend.explain(model, "
+                   "*inputs, options=...) lists every node")

@@ -1,0 +1,516 @@
+"""Weights that change after compile: never a stale result, and a refit instead of a rebuild.
+
+Lowering freezes parameters and buffers into the regions (ONNX initializers, engine weights),
+yet Dynamo passes them to the compiled graph on every call. `WeightGuard` wraps the compiled
+graph and compares, on every call, what the regions froze with what the call passes: the same
+tensor objects (a replaced parameter is another object) at the same version counter (optimizer
+steps, `mul_`, `copy_` and `load_state_dict` move it). The check is two C-level loops over one
+tuple each (`map` over the tensors), no Python frame per weight; from the second call on it runs
+after the graph is enqueued, while the GPU works (`WeightGuard.run_then_check`), unless the graph
+moves its own weights' versions.
+
+On a change, every region that froze a changed weight is brought up to date before the call
+runs: the weights stay ONNX initializers under their own names (the bridge keeps them out of
+constant folding, `export_region(keep_weights=True)`), so the new values replace them by name:
+TensorRT-RTX's refitter refits the engine (its own fusions, e.g. BatchNorm into a convolution,
+are redone by the refitter), ONNX Runtime gets a new session, and the refitted engine is stored
+in the engine cache under the key of the new weights, so that a process compiling the fine-tuned
+model finds it. An engine that is not refittable is rebuilt from the updated model; a region whose
+model lacks a weight's initializer is exported and built again. PyTorch's parts of the graph
+read the live weights (the frozen tensors share their storage), so only a replaced tensor is
+rebound there. A weight replaced by a tensor of another shape, dtype or device makes the graph
+run in PyTorch from then on, with a warning (Dynamo's guards normally recompile first).
+
+Long because checking, refitting and rebuilding share the guard's per-call path and the
+regions' state, and need the ONNX initializer helpers that are here with them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import operator
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import torch
+
+from .. import _stats, _torch_compat
+from .._options import Options
+from .._types import OnnxRegion
+from ..export.bridge import EXPORTED_AS, FROZEN
+from ..export.model import OnnxModel
+from ..lower.lowering import is_weight
+from ..run.executors import OrtExecutor, TorchExecutor, TrtExecutor, stream_capturing
+from ..run.region import RegionModule, picker
+
+log = logging.getLogger("rtx_backend")
+
+_FROZEN = FROZEN  # lowering's name of Dynamo input i frozen as a constant
+_VERSION = operator.attrgetter("_version")
+
+# torch dtype -> ONNX TensorProto data type, for the initializers a weight can replace
+_ONNX_DTYPES = {
+    torch.float32: 1, torch.uint8: 2, torch.int8: 3, torch.int16: 5, torch.int32: 6, torch.int64: 7,
+    torch.bool: 9, torch.float16: 10, torch.float64: 11, torch.bfloat16: 16,
+}
+
+
+def frozen_index(target: str) -> int | None:
+    """The Dynamo input index of a constant named by lowering's freeze; None for other constants."""
+    match = _FROZEN.search(target)
+    return int(match.group(1)) if match else None
+
+
+def guard_weights(
+    fn: Callable[..., Any],
+    roots: Sequence[torch.fx.GraphModule],
+    example_inputs: Sequence[Any],
+    eager: Callable[..., Any],
+    options: Options,
+    overrides: Callable[[], dict[str, Any]],
+) -> Callable[..., Any]:
+    """`fn` behind a weight check (options.weights == "checked" and a weight was frozen), else
+    `fn`. `eager`: Dynamo's graph, run when a weight changes in a way no engine can follow;
+    `overrides`: the dynamic-shape overrides, for a region that must be built again."""
+    if options.weights != "checked" or not roots:
+        return fn
+    used = sorted({i for root in roots for i in _frozen_uses(root)
+                   if i < len(example_inputs) and is_weight(example_inputs[i])})
+    if not used:
+        return fn
+    count_fused_steps()
+    return WeightGuard(fn, list(roots), example_inputs, used, eager, options, overrides)
+
+
+_fused_hook: list[Any] = []
+
+
+def count_fused_steps() -> None:
+    """Make the steps of fused optimizers (`torch.optim.Adam(..., fused=True)`) move their
+    parameters' version counters, as every other in-place change does: their fused kernels
+    write the parameters without counting it, and the check would not see the step. One global
+    optimizer post-step hook (registered once), for the param groups that are fused only."""
+    if _fused_hook:
+        return
+    try:
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+
+        _fused_hook.append(register_optimizer_step_post_hook(_count_fused_step))
+    except (ImportError, AttributeError) as exc:  # this torch has no global step hooks
+        _fused_hook.append(None)
+        log.debug("trtrtx: fused optimizer steps cannot be counted here (%s)", exc)
+
+
+def _count_fused_step(optimizer: Any, args: Any, kwargs: Any) -> None:
+    params = [p for group in optimizer.param_groups if group.get("fused") for p in group["params"]]
+    if params:
+        with torch.no_grad():
+            _torch_compat.increment_version(params)
+
+
+class WeightGuard:
+    """The compiled graph, called after checking that the frozen weights are the call's."""
+
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        roots: list[torch.fx.GraphModule],
+        example_inputs: Sequence[Any],
+        used: list[int],
+        eager: Callable[..., Any],
+        options: Options,
+        overrides: Callable[[], dict[str, Any]],
+    ) -> None:
+        self.fn = fn
+        self.autocast_off = getattr(fn, "autocast_off", False)
+        self.roots = roots
+        self.eager = eager
+        self.options = options
+        self.overrides = overrides
+        self.indices = tuple(used)
+        self.pick = picker(used)
+        self.tensors: tuple[torch.Tensor, ...] = tuple(example_inputs[i] for i in used)
+        self.vindices: tuple[int, ...] = ()
+        self.vpick = picker(())
+        self.versions: tuple[int, ...] = ()
+        self._track(self.tensors)
+        self.lock = threading.Lock()
+        self.capture_said = False
+        # check while the GPU runs the call (run_then_check): None until the first call has shown
+        # whether the graph itself moves its weights' versions
+        self.overlap: bool | None = None
+        self.on_cuda = any(t.is_cuda for t in self.tensors)  # (a capture is possible: checked per call)
+        # the constant each index is frozen as (the object to rebind when a parameter is replaced)
+        self.frozen = {i: _find_constant(roots, i) for i in used}
+
+    def _track(self, weights: Sequence[torch.Tensor], versions: dict[int, int] | None = None) -> None:
+        """Count versions of these weights (`versions`: as read before, by index), except
+        inference tensors, which have no version counter: an in-place change to one of them
+        cannot be seen (replacing it can)."""
+        versioned = [i for i, t in zip(self.indices, weights) if not t.is_inference()]
+        if len(versioned) < len(self.indices) and len(versioned) != len(self.vindices):
+            log.warning("trtrtx: %d weight(s) are inference tensors (made under torch.inference_mode), which "
+                        "count no in-place changes: a change to one in place is not seen (replacing it is)",
+                        len(self.indices) - len(versioned))
+        self.vindices = tuple(versioned)
+        self.vpick = picker(versioned)
+        if versions is None:
+            versions = {i: t._version for i, t in zip(self.indices, weights) if not t.is_inference()}
+        self.versions = tuple(versions[i] for i in versioned)
+
+    def same(self, args: Sequence[Any]) -> bool:
+        """Whether the call's weights are those the regions froze."""
+        try:
+            # two C loops: an unchanged weight is the same object (no __eq__ runs; another tensor in
+            # its place raises here or compares False, except a one-element tensor of the same value,
+            # which gives the same result and is seen by its version counter from then on), at the
+            # same version
+            return self.pick(args) == self.tensors and tuple(map(_VERSION, self.vpick(args))) == self.versions
+        except Exception:
+            return False
+
+    def __call__(self, *args: Any) -> Any:
+        if self.overlap and not (self.on_cuda and stream_capturing()):
+            return self.run_then_check(args)
+        if not self.same(args) and not self.refresh(args):
+            return self.eager(*args)
+        out = self.fn(*args)
+        if self.overlap is None and not (self.on_cuda and stream_capturing()):
+            # a graph that does not move its own weights' versions (no buffer updated in place, as
+            # BatchNorm in training mode does) can be checked while the GPU runs it, from the next call
+            self.overlap = self.same(args)
+        return out
+
+    def run_then_check(self, args: Sequence[Any]) -> Any:
+        """Enqueue the graph first and check the weights while the GPU runs it: the check's host
+        time then hides behind the GPU's work. Should they have changed, that run used the old
+        ones: its outputs are dropped, the engines refitted once it is done, and the call run
+        again."""
+        try:
+            out = self.fn(*args)
+        except Exception:
+            if self.same(args):
+                raise
+            out = None  # a changed weight made the old graph fail: it runs again with the new ones
+        if self.same(args):
+            return out
+        if self.on_cuda:
+            torch.cuda.current_stream().synchronize()  # the dropped run reads the old weights
+        if not self.refresh(args):
+            return self.eager(*args)
+        return self.fn(*args)
+
+    def refresh(self, args: Sequence[Any]) -> bool:
+        """Bring every region that froze a changed weight up to date with the call's weights.
+        False during a CUDA graph capture, where nothing can be refitted or built: that call
+        runs in PyTorch (recorded into the graph with the new weights), the next one refits."""
+        if _capturing(args):
+            if not self.capture_said:
+                self.capture_said = True
+                log.warning("trtrtx: the weights changed before a CUDA graph capture, which cannot refit the "
+                            "engines: the captured call runs in PyTorch. Call the compiled model once outside "
+                            "the capture after changing weights (torch.cuda.graph's warm-up) to refit them first.")
+            return False
+        with self.lock:  # concurrent calls wait here, then find the weights up to date
+            weights = self.pick(args)
+            # read before the values are: a change made meanwhile is seen on the next call
+            now = {i: -1 if t.is_inference() else t._version for i, t in zip(self.indices, weights)}
+            versions = tuple(now[i] for i in self.vindices)
+            moved = {i for i, v in zip(self.vindices, self.versions) if now[i] != v}
+            changed = [i for i, a, t in zip(self.indices, weights, self.tensors) if a is not t or i in moved]
+            if not changed:
+                self.versions = versions
+                return True
+            by_index = dict(zip(self.indices, weights))
+            old = dict(zip(self.indices, self.tensors))
+            unfit = [i for i in changed if not _same_spec(by_index[i], old[i])]
+            if unfit:
+                self._to_pytorch(unfit, by_index, old)
+                return True
+            for i in changed:
+                if by_index[i] is not old[i]:
+                    self._rebind(i, by_index[i])
+            for module in _regions(self.roots):
+                self._update(module, set(changed))
+            replaced = any(a is not t for a, t in zip(weights, self.tensors))
+            self.tensors, self.versions = tuple(weights), versions
+            if replaced:
+                self._track(self.tensors, now)
+            return True
+
+    def _update(self, module: RegionModule, changed: set[int]) -> None:
+        names = {i: EXPORTED_AS + t for t in _constant_targets(module.graph_module) if (i := frozen_index(t)) is not None}
+        if not changed.intersection(names):
+            return
+        values = {name: _fetch(module.graph_module, i) for i, name in names.items()}
+        try:
+            update_region(module, {n: v for n, v in values.items() if v is not None}, self.options, self.overrides)
+        except Exception as exc:  # never a stale answer: PyTorch runs the region with the live weights
+            if self.options.strict:
+                raise
+            log.warning("trtrtx: region %s: its weights changed and it could not take the new ones (%s: %s); "
+                        "it runs in PyTorch from now on", module.name, type(exc).__name__, exc)
+            log.debug("trtrtx: region %s: weight update failed", module.name, exc_info=exc)
+            module.executor = TorchExecutor(module.graph_module)
+            _stats.count("weight_fallbacks")
+
+    def _rebind(self, index: int, tensor: torch.Tensor) -> None:
+        """Point every use of the constant frozen for `index` at the new tensor."""
+        old = self.frozen.get(index)
+        new = tensor.detach()
+        if old is not None:
+            for module in _graph_modules(self.roots):
+                for store in (module._buffers, module.__dict__):
+                    for name, value in list(store.items()):
+                        if value is old:
+                            store[name] = new
+        self.frozen[index] = new
+
+    def _to_pytorch(self, unfit: list[int], by_index: dict[int, Any], old: dict[int, Any]) -> None:
+        """A weight replaced by one of another shape, dtype or device: run Dynamo's graph."""
+        described = "; ".join(f"input {i}: {_describe(old[i])} -> {_describe(by_index[i])}" for i in unfit)
+        log.warning("trtrtx: a weight was replaced by a tensor of another shape, dtype or device (%s); this graph "
+                    "runs in PyTorch from now on (compile the model again to run it on TensorRT-RTX)", described)
+        _stats.count("weight_fallbacks")
+        self.fn = self.eager
+        self.indices, self.pick, self.tensors = (), picker(()), ()
+        self.vindices, self.vpick, self.versions = (), picker(()), ()
+
+
+def update_region(
+    module: RegionModule, values: dict[str, torch.Tensor], options: Options, overrides: Callable[[], dict[str, Any]]
+) -> str:
+    """Give one region the weights `values` (initializer name -> tensor, every weight it froze);
+    returns what was done: "refit", "rebuild" or "" (PyTorch runs it: nothing to do)."""
+    from . import region as _region
+
+    executor = module.executor
+    if isinstance(executor, TorchExecutor) or module.onnx is None:
+        return ""
+    start = time.perf_counter()
+    onnx = module.onnx
+    specs = initializer_specs(onnx)
+    unmatched = sorted(n for n, t in values.items() if specs.get(n) != _spec(t))
+    if unmatched:
+        _rebuild_region(module, options, overrides())
+        action, how = "rebuild", f"exported and built again: its model has no initializer for {unmatched[:3]}"
+    else:
+        region = with_weights(onnx, values)
+        engine: Any = None
+        if isinstance(executor, TrtExecutor):
+            if executor.refit(values, lambda name: initializer_value(onnx, name)):
+                action, how, engine = "refit", "engine refitted", executor.serialized()
+            else:
+                profile = module.profile.profile if module.profile is not None else {}
+                engine = _region.build_for(region.source, options, profile)
+                module.executor = TrtExecutor(engine, region, options, module.name)
+                action, how = "rebuild", "engine built again (it is not refittable)"
+        else:
+            module.executor = OrtExecutor(region)
+            action, how = "refit", "ONNX Runtime session made with the new weights"
+        module.onnx = region
+        _restore(module, region, engine, options)
+    _stats.count(f"weight_{action}s")
+    log.info("trtrtx: region %s: weights changed; %s in %.2fs", module.name, how, time.perf_counter() - start)
+    return action
+
+
+def _restore(module: RegionModule, region: OnnxRegion, engine: Any, options: Options) -> None:
+    """After new weights: the engine (or none), its cache entry under the new weights' key, the
+    widening builder bound to the new model, and first-call validation armed again."""
+    from ..cache import engines as _engine_cache
+    from . import region as _region
+
+    key = _store(module, region, engine, options) if engine is not None else None
+    module.engine = engine
+    module.engine_key = key
+    if module.profile is not None:
+        base = key if key is not None else None
+        module.profile.build = lambda profile: _region.widened_engine(region, options, base, profile)
+    module.validate = options.validate
+    module.validated_executor = None
+    module.checked = None
+    cache = _engine_cache.EngineCache.for_options(options) if key is not None else None
+    module.on_validated = (module.executor, _engine_cache.Validation(cache, key).mark) if cache and key else None
+
+
+def _store(module: RegionModule, region: OnnxRegion, engine: Any, options: Options) -> Any:
+    """Store the region's engine under the key of its new weights; returns the key (or None)."""
+    from ..cache import engines as _engine_cache
+
+    cache = _engine_cache.EngineCache.for_options(options)
+    old = module.engine_key
+    if cache is None or old is None:
+        return None
+    digest = _engine_cache.graph_digest(module.graph_module)
+    if digest is None:
+        return None
+    profile = module.profile.profile if module.profile is not None else {}
+    fields = {**old.fields, "graph": digest}
+    key = _engine_cache.with_profile(_engine_cache.Key(_engine_cache.make_key(fields), fields), profile)
+    cache.store_later(key, _engine_cache.EngineEntry(region, bytes(engine), profile))
+    return key
+
+
+def _rebuild_region(module: RegionModule, options: Options, overrides: dict[str, Any]) -> None:
+    """Export and build the region again from its PyTorch graph (which reads the new weights)."""
+    from . import region as _region
+
+    graph = module.graph_module
+    fresh = _region.compile_region(module.name, torch.fx.GraphModule(graph, _copy_graph(graph)), overrides, options)
+    for name in ("onnx", "engine", "executor", "profile", "engine_key", "on_validated", "validate", "pick_tensors"):
+        setattr(module, name, getattr(fresh, name))
+    module.fitted_shapes = None
+    module.validated_executor = None
+    module.checked = None
+
+
+def _copy_graph(graph_module: torch.fx.GraphModule) -> torch.fx.Graph:
+    import copy
+
+    return copy.deepcopy(graph_module.graph)
+
+
+# ---- the region's ONNX model and its initializers ----------------------------------------------
+
+
+def initializer_specs(region: OnnxRegion) -> dict[str, tuple[tuple[int, ...], int]]:
+    """Each initializer's (dims, ONNX data type), read from the model (its skeleton, when it
+    has one: the large weights are declared there too)."""
+    import onnx
+
+    source = region.source
+    data = source.skeleton if isinstance(source, OnnxModel) and source.skeleton is not None else region.model
+    proto = onnx.load_from_string(data)
+    return {i.name: (tuple(int(d) for d in i.dims), int(i.data_type)) for i in proto.graph.initializer}
+
+
+def initializer_value(region: OnnxRegion, name: str) -> torch.Tensor | None:
+    """An initializer's value as a tensor (None where the model has no such initializer)."""
+    import onnx
+    from onnx import numpy_helper
+
+    for init in onnx.load_from_string(region.model).graph.initializer:
+        if init.name == name:
+            return torch.from_numpy(numpy_helper.to_array(init).copy())
+    return None
+
+
+def with_weights(region: OnnxRegion, values: dict[str, torch.Tensor]) -> OnnxRegion:
+    """The region's model with these initializers' values replaced (same names, shapes, dtypes)."""
+    import onnx
+
+    source = region.source
+    if isinstance(source, OnnxModel) and source.skeleton is not None:
+        weights = dict(source.weights)
+        inline = {}
+        for name, tensor in values.items():
+            if name in weights:
+                weights[name] = host_bytes(tensor)
+            else:
+                inline[name] = tensor
+        skeleton = _replace_inline(source.skeleton, inline) if inline else source.skeleton
+        return dataclasses.replace(region, source=OnnxModel(skeleton=skeleton, weights=weights))
+    proto = onnx.load_from_string(region.model)
+    _set_initializers(proto, values)
+    return dataclasses.replace(region, source=proto.SerializeToString())
+
+
+def _replace_inline(model: bytes, values: dict[str, torch.Tensor]) -> bytes:
+    import onnx
+
+    proto = onnx.load_from_string(model)
+    _set_initializers(proto, values)
+    return proto.SerializeToString()  # type: ignore[no-any-return]
+
+
+_TYPED_FIELDS = ("float_data", "int32_data", "int64_data", "double_data", "uint64_data", "string_data")
+
+
+def _set_initializers(proto: Any, values: dict[str, torch.Tensor]) -> None:
+    for init in proto.graph.initializer:
+        tensor = values.get(init.name)
+        if tensor is None:
+            continue
+        for field in _TYPED_FIELDS:
+            init.ClearField(field)
+        init.raw_data = host_bytes(tensor).tobytes()
+
+
+def host_bytes(tensor: torch.Tensor) -> Any:
+    """The tensor's elements in host memory, C-contiguous, as a flat uint8 numpy array (ONNX's
+    raw layout; the stored form of an OnnxModel's weights)."""
+    host = tensor.detach().to("cpu", copy=True).contiguous()  # a snapshot: the weight may change again
+    return host.reshape(-1).view(torch.uint8).numpy()
+
+
+# ---- helpers -----------------------------------------------------------------------------------
+
+
+def _spec(tensor: torch.Tensor) -> tuple[tuple[int, ...], int] | None:
+    dtype = _ONNX_DTYPES.get(tensor.dtype)
+    return (tuple(tensor.shape), dtype) if dtype is not None else None
+
+
+def _same_spec(a: Any, b: Any) -> bool:
+    return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape
+            and a.dtype == b.dtype and a.device == b.device)
+
+
+def _capturing(args: Sequence[Any]) -> bool:
+    """Whether the current CUDA stream is being captured (never for a call without CUDA tensors)."""
+    if not any(isinstance(a, torch.Tensor) and a.is_cuda for a in args):
+        return False
+    return bool(torch.cuda.is_current_stream_capturing())
+
+
+def _describe(t: Any) -> str:
+    return f"{tuple(t.shape)} {t.dtype} on {t.device}" if isinstance(t, torch.Tensor) else type(t).__name__
+
+
+def _graph_modules(roots: Sequence[torch.nn.Module]) -> Iterator[torch.nn.Module]:
+    seen: set[int] = set()
+    for root in roots:
+        for module in root.modules():
+            if id(module) not in seen:
+                seen.add(id(module))
+                yield module
+
+
+def _regions(roots: Sequence[torch.nn.Module]) -> list[RegionModule]:
+    return [m for m in _graph_modules(roots) if isinstance(m, RegionModule)]
+
+
+def _constant_targets(gm: torch.fx.GraphModule) -> list[str]:
+    return [str(n.target) for n in gm.graph.nodes if n.op == "get_attr" and frozen_index(str(n.target)) is not None]
+
+
+def _frozen_uses(root: torch.nn.Module) -> set[int]:
+    """The Dynamo inputs whose frozen constants the graphs under `root` read."""
+    uses: set[int] = set()
+    for module in _graph_modules([root]):
+        if isinstance(module, torch.fx.GraphModule):
+            uses.update(i for t in _constant_targets(module) if (i := frozen_index(t)) is not None)
+    return uses
+
+
+def _fetch(gm: torch.nn.Module, index: int) -> torch.Tensor | None:
+    for target in _constant_targets(gm):  # type: ignore[arg-type]
+        if frozen_index(target) == index:
+            value: Any = gm
+            for part in target.split("."):
+                value = getattr(value, part, None)
+            return value if isinstance(value, torch.Tensor) else None
+    return None
+
+
+def _find_constant(roots: Sequence[torch.nn.Module], index: int) -> torch.Tensor | None:
+    for module in _graph_modules(roots):
+        if isinstance(module, torch.fx.GraphModule):
+            value = _fetch(module, index)
+            if value is not None:
+                return value
+    return None

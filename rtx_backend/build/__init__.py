@@ -1,0 +1,1 @@
+"""Build: ONNX model -> screened TensorRT-RTX network -> engine for the declared targets."""

@@ -1,0 +1,1 @@
+"""Caches that outlive the process: engines, whole compiled graphs, and the store they share."""

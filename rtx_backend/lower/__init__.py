@@ -1,0 +1,1 @@
+"""Lowering: Dynamo's FX graph -> an ATen inference graph that the ONNX exporter translates."""

@@ -1,0 +1,90 @@
+"""The faster of a region's executor and inductor's code for it (option fastest, rest="inductor").
+
+TensorRT-RTX's kernels are not the fastest for every region on every GPU (on GPUs it does not
+list as RTX targets least of all). With `fastest`, each region is timed once, on the first call
+after its executor passed its first-call check, against inductor's code for the same graph on
+the same inputs; the faster runs it from then on. The timing is stored in the record beside the
+region's engine (its engine-cache entry, signed like the entry), per GPU and driver, so that a
+later process on the same machine decides without timing, and compiles inductor's code only for
+the regions where it is the faster. Regions without an engine-cache entry are timed again in
+each process.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from .._options import Options
+from ..cache.engines import EngineCache, validation_identity
+from ..cache.store import Key
+
+WARMUP = 3
+ROUNDS = 5
+CALLS = 5  # per round, each way: timings interleave, so that clocks and caches treat both alike
+
+
+@dataclasses.dataclass(frozen=True)
+class Timing:
+    """Milliseconds per call of a region's executor and of inductor's code for it."""
+
+    executor_ms: float
+    inductor_ms: float
+
+
+def time_both(executor: Callable[[], Any], inductor: Callable[[], Any]) -> Timing:
+    """Median milliseconds per call of each, in interleaved rounds (CUDA events on a GPU)."""
+    for _ in range(WARMUP):
+        executor()
+        inductor()
+    runs: dict[str, list[float]] = {"executor": [], "inductor": []}
+    for _ in range(ROUNDS):
+        for name, fn in (("executor", executor), ("inductor", inductor)):
+            runs[name].append(_per_call_ms(fn))
+    return Timing(statistics.median(runs["executor"]), statistics.median(runs["inductor"]))
+
+
+def _per_call_ms(fn: Callable[[], Any]) -> float:
+    if torch.cuda.is_available():
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize()
+        start.record()
+        for _ in range(CALLS):
+            fn()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / CALLS
+    t = time.perf_counter()
+    for _ in range(CALLS):
+        fn()
+    return (time.perf_counter() - t) * 1e3 / CALLS
+
+
+def here() -> str:
+    """This machine as choices name it: the GPU and driver, or the CPU (ONNX Runtime's path)."""
+    return validation_identity() or f"cpu {platform.machine()} {platform.processor()}".strip()
+
+
+def recorded(options: Options, key: Key | None) -> Timing | None:
+    """The timing stored beside the engine of `key` for this machine, or None."""
+    cache = EngineCache.for_options(options) if key is not None else None
+    if cache is None or key is None:
+        return None
+    value = cache.choice(key, here())
+    try:
+        return Timing(float(value["executor_ms"]), float(value["inductor_ms"])) if value else None
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def record(options: Options, key: Key | None, timing: Timing) -> None:
+    """Store `timing` beside the engine of `key` for this machine (nothing without an entry)."""
+    cache = EngineCache.for_options(options) if key is not None else None
+    if cache is not None and key is not None:
+        cache.record_choice(key, here(), dataclasses.asdict(timing))
