@@ -21,7 +21,7 @@ from rtx_backend import PackageError, RuntimeUnavailableError, _targets, _trt
 from rtx_backend.assemble import package as _package
 
 TARGETS = [(8, 6), (8, 9)]
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 class Net(torch.nn.Module):

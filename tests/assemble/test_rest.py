@@ -25,8 +25,8 @@ from rtx_backend.assemble import rest as _rest
 from rtx_backend.assemble import reuse as _reuse
 from rtx_backend.run.executors import OrtExecutor
 
-from .models import MLP, ConvNet, WithEagerOp, eval_model
-from .test_dynamic import SWEEP, Block, compiles, size_oblivious
+from tests.models import MLP, ConvNet, WithEagerOp, eval_model
+from tests.test_dynamic import SWEEP, Block, compiles, size_oblivious
 
 pytestmark = pytest.mark.skipif(
     shutil.which("g++") is None and shutil.which("c++") is None and shutil.which("clang++") is None,
