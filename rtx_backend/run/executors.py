@@ -241,8 +241,11 @@ class TrtExecutor(Executor):
         self.native_checked = False
         # One scratch memory for uncaptured calls: a call on another stream waits for the previous
         # call's work, or two streams would run the engine over the same activations at once.
-        self._scratch: torch.Tensor | None = None
         self._memory_size = int(self.engine.device_memory_size_v2)  # for the profile's largest shapes
+        # made now, at compile time: a first call inside inductor's CUDA graphs (whose warm-up
+        # allocates from the graphs' pool too) must not leave a block of that pool alive
+        self._scratch: torch.Tensor | None = None if stream_capturing() else torch.empty(
+            max(self._memory_size, 1), dtype=torch.uint8, device=self.device)
         self._last_stream: Any = None
         self._last_raw: int | None = None
         self._side: torch.cuda.Stream | None = None
