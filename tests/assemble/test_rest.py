@@ -24,7 +24,6 @@ from rtx_backend.assemble import region as _region
 from rtx_backend.assemble import rest as _rest
 from rtx_backend.assemble import reuse as _reuse
 from rtx_backend.run.executors import OrtExecutor
-
 from tests.models import MLP, ConvNet, WithEagerOp, eval_model
 from tests.test_dynamic import SWEEP, Block, compiles, size_oblivious
 
