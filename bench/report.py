@@ -30,14 +30,19 @@ STARTS = {"cold": "cold (no cache)", "warm": "warm (engine, graph and runtime ca
           "warm_engine_cache_only": "engine cache only", "warm_no_runtime_cache": "without the runtime cache"}
 
 
+
+def _env(result: dict) -> dict:
+    """A result's environment record ("env" in the bench's files, "environment" in some)."""
+    return result.get("env") or result.get("environment") or {}
+
 def load(results: Path = RESULTS) -> list[tuple[str, dict[str, Any]]]:
     """(file stem, result) of every saved result, oldest first (by date, then name)."""
-    files = sorted(results.glob("*.json"), key=lambda p: (json.loads(p.read_text())["env"].get("date", ""), p.name))
+    files = sorted(results.glob("*.json"), key=lambda p: (_env(json.loads(p.read_text())).get("date", ""), p.name))
     return [(p.stem, json.loads(p.read_text())) for p in files if not p.stem.endswith("-smoke")]
 
 
 def version(result: dict[str, Any]) -> str:
-    return ".".join(str(result["env"].get("tensorrt_rtx") or "none").split(".")[:3])
+    return ".".join(str(_env(result).get("tensorrt_rtx") or "none").split(".")[:3])
 
 
 def _wrong(config: dict[str, Any], backend: str) -> bool:
@@ -160,7 +165,7 @@ def performance_tables(results: list[tuple[str, dict[str, Any]]]) -> str:
     """One section per saved result, newest first."""
     out = []
     for stem, r in reversed(results):
-        env = r["env"]
+        env = _env(r)
         driver = str(env.get("driver") or "-").splitlines()[0]
         out.append(f"### `{stem}`\n\n{env.get('gpu', 'cpu')}, driver {driver}, TensorRT-RTX "
                    f"{env.get('tensorrt_rtx')}, torch {env.get('torch')}"
@@ -174,6 +179,36 @@ def performance_tables(results: list[tuple[str, dict[str, Any]]]) -> str:
         if r.get("dynamic_sweep"):
             lengths = r["dynamic_sweep"].get("lengths", [])
             out.append(f"Dynamic sequence lengths {lengths} (encoder):\n\n" + sweep_table(r))
+        if r.get("weight_check"):
+            out.append("The weight check (weights=\"checked\"):\n\n" + weight_check_table(r["weight_check"]))
+        if r.get("parts"):
+            out.append(rest_tables(r["parts"]))
+    return "\n\n".join(out)
+
+
+def weight_check_table(rows: dict[str, Any]) -> str:
+    lines = ["| model | weights | host time of the check, us | call ms, checked / frozen |", "|---|---|---|---|"]
+    for name, row in rows.items():
+        call = (f"{row['checked_ms']:.3f} / {row['frozen_ms']:.3f}" if "checked_ms" in row else "-")
+        lines.append(f"| {name} | {row.get('weights', '-')} | {row.get('check_us', '-')} | {call} |")
+    return "\n".join(lines)
+
+
+def rest_tables(parts: dict[str, Any]) -> str:
+    """bench/rest.py: median ms (cold compile s) per backend, per part."""
+    out = []
+    for part, configs in parts.items():
+        names = list(dict.fromkeys(b for c in configs for b in c.get("backends", {})))
+        lines = [f"{part} (bench/rest.py; median ms, cold compile s in brackets):", "",
+                 "| model | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
+        for c in configs:
+            cells = []
+            for b in names:
+                row = c["backends"].get(b, {})
+                cells.append("error" if "error" in row else
+                             f"{row['median_ms']:.3f} ({row.get('cold_compile_s', 0):.1f})" if "median_ms" in row else "-")
+            lines.append(f"| {c['model']} | " + " | ".join(cells) + " |")
+        out.append("\n".join(lines))
     return "\n\n".join(out)
 
 
