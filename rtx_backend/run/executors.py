@@ -244,8 +244,9 @@ class TrtExecutor(Executor):
         self._memory_size = int(self.engine.device_memory_size_v2)  # for the profile's largest shapes
         # made now, at compile time: a first call inside inductor's CUDA graphs (whose warm-up
         # allocates from the graphs' pool too) must not leave a block of that pool alive
-        self._scratch: torch.Tensor | None = None if stream_capturing() else torch.empty(
-            max(self._memory_size, 1), dtype=torch.uint8, device=self.device)
+        self._scratch: torch.Tensor | None = None
+        if torch.cuda.is_available() and not stream_capturing():
+            self._scratch = torch.empty(max(self._memory_size, 1), dtype=torch.uint8, device=self.device)
         self._last_stream: Any = None
         self._last_raw: int | None = None
         self._side: torch.cuda.Stream | None = None
