@@ -122,9 +122,9 @@ class _RegionRunner:
     With options.fastest, the first call whose executor has passed its first-call check (that
     call's own, or an earlier one), outside any CUDA graph capture, then times the executor
     against inductor's code for the region on that call's inputs and keeps the faster from then
-    on (so that inductor's CUDA graphs, whose warm-up call is the first, record the faster); the decision is stored beside the
-    engine (its engine-cache entry's record, per GPU and driver), so a later process compiles
-    inductor's code only where it is the faster, and times nothing."""
+    on (so that inductor's CUDA graphs, whose warm-up call is the first, record the faster); the
+    decision is stored beside the engine (its engine-cache entry's record, per GPU and driver),
+    so a later process compiles inductor's code only where it is the faster, and times nothing."""
 
     def __init__(self, module: RegionModule, options: Options) -> None:
         self.module = module
@@ -140,27 +140,28 @@ class _RegionRunner:
         module = self.module
         if module.executor.kind == "pytorch" or self.use_inductor:
             return self._inductor(*args)
-        with own_scratch_in_captures():  # (inductor's CUDA graphs track every allocation)
-            outputs = module(*args)
+        outputs = self._module(*args)
         if self.use_inductor is None and self._ready(args):  # timed after the call's own check
             self._choose(args)
         return outputs
 
+    def _module(self, *args: Any) -> Any:
+        with own_scratch_in_captures():  # (inductor's CUDA graphs track every allocation)
+            return self.module(*args)
+
     def _inductor(self, *args: Any) -> Any:
         module = self.module
-        if self.compiled is None:
-            self.compiled = self._compile()
-            if module.executor.kind == "pytorch":
-                _stats.count("rest_inductor_region_fallbacks")
+        if self.compiled is None and module.executor.kind == "pytorch":
+            _stats.count("rest_inductor_region_fallbacks")
         try:
-            return self.compiled(*args)
+            return self._compiled()(*args)
         except Exception as exc:
             _warn(f"inductor could not compile region {module.name}; it runs in "
                   f"{'PyTorch' if module.executor.kind == 'pytorch' else module.kind} ({type(exc).__name__}: {exc})")
             self.compiled = module.graph_module
             if module.executor.kind != "pytorch":
                 self.use_inductor = False
-                return module(*args)
+                return self._module(*args)
             return module.graph_module(*args)
 
     def _ready(self, args: Sequence[Any]) -> bool:
@@ -173,8 +174,9 @@ class _RegionRunner:
     def _choose(self, args: Sequence[Any]) -> None:
         module = self.module
         try:
-            self._inductor_or_raise(args)
-            timing = _choices.time_both(lambda: module(*args), lambda: self.compiled(*args))  # type: ignore[misc]
+            compiled = self._compiled()
+            compiled(*args)  # compiles (or raises) before anything is timed
+            timing = _choices.time_both(lambda: module(*args), lambda: compiled(*args))
         except Exception as exc:  # inductor cannot compile it, or a run failed: keep the executor
             log.info("trtrtx: region %s: not timed against inductor (%s: %s); it stays on %s",
                      module.name, type(exc).__name__, exc, module.kind)
@@ -183,14 +185,12 @@ class _RegionRunner:
         self._decide(timing, "timed")
         _choices.record(self.options, module.engine_key, timing)
 
-    def _compile(self) -> Callable[..., Any]:
-        dynamic = bool(self.module.onnx is not None and self.module.onnx.dynamic)
-        return torch.compile(self.module.graph_module, backend="inductor", dynamic=dynamic or None)
-
-    def _inductor_or_raise(self, args: Sequence[Any]) -> None:
+    def _compiled(self) -> Callable[..., Any]:
+        """Inductor's code for the region (torch.compile of its graph, dynamic where it is)."""
         if self.compiled is None:
-            self.compiled = self._compile()
-        self.compiled(*args)  # compiles (or raises) before anything is timed
+            dynamic = bool(self.module.onnx is not None and self.module.onnx.dynamic)
+            self.compiled = torch.compile(self.module.graph_module, backend="inductor", dynamic=dynamic or None)
+        return self.compiled
 
     def _decide(self, timing: _choices.Timing, how: str) -> None:
         module = self.module

@@ -20,7 +20,7 @@ import dataclasses
 import functools
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NamedTuple
 
 import torch
@@ -147,7 +147,7 @@ _SCRATCH_OF_OUR_OWN: contextvars.ContextVar[bool] = contextvars.ContextVar("trtr
 
 
 @contextlib.contextmanager
-def own_scratch_in_captures() -> Any:
+def own_scratch_in_captures() -> Iterator[None]:
     """Engines run in this block use their executor's own scratch memory inside CUDA graph
     captures too (for captures whose pool must hold no allocation but the outputs)."""
     token = _SCRATCH_OF_OUR_OWN.set(True)
