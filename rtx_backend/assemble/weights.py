@@ -156,7 +156,8 @@ class WeightGuard:
                         "count no in-place changes: a change to one in place is not seen (replacing it is)",
                         len(self.indices) - len(versioned))
         self.vindices = tuple(versioned)
-        self.vpick = picker(versioned)
+        # every weight counts versions (the common case): the same picker, so a call picks once
+        self.vpick = self.pick if len(versioned) == len(self.indices) else picker(versioned)
         if versions is None:
             versions = {i: t._version for i, t in zip(self.indices, weights) if not t.is_inference()}
         self.versions = tuple(versions[i] for i in versioned)
@@ -168,7 +169,9 @@ class WeightGuard:
             # its place raises here or compares False, except a one-element tensor of the same value,
             # which gives the same result and is seen by its version counter from then on), at the
             # same version
-            return self.pick(args) == self.tensors and tuple(map(_VERSION, self.vpick(args))) == self.versions
+            weights = self.pick(args)
+            versioned = weights if self.vpick is self.pick else self.vpick(args)
+            return weights == self.tensors and tuple(map(_VERSION, versioned)) == self.versions
         except Exception:
             return False
 
