@@ -227,6 +227,12 @@ FP32_FLOOR = 0.01
 LOW_PRECISION = (torch.float16, torch.bfloat16)
 
 
+def fp32_may_overturn(c: OutputComparison) -> bool:
+    """Whether an FP32 run may overturn this failed comparison: a low-precision output with
+    elements beyond the tolerances (not all zero, which is wrong whatever FP32 says)."""
+    return not c.passed and c.dtype in LOW_PRECISION and bool(c.mismatches) and not c.all_zero
+
+
 @dataclasses.dataclass(frozen=True)
 class Fp32Judgment:
     """How an output and PyTorch's result in the same precision compare with an FP32 run."""

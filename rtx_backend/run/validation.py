@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from .. import _stats, _torch_compat
-from ..run.compare import LOW_PRECISION, compare, default_tolerance, judge_by_fp32
+from ..run.compare import compare, default_tolerance, fp32_may_overturn, judge_by_fp32
 from ..run.executors import TorchExecutor, stream_capturing
 
 log = logging.getLogger("rtx_backend")
@@ -95,7 +95,7 @@ def rejudge_in_fp32(
     """The failed checks that still fail when their low-precision outputs are judged against an
     FP32 run of the region. Outputs that are all zero, of another shape or dtype, or not low
     precision keep their verdict."""
-    second = [c for c in failed if c.dtype in LOW_PRECISION and c.mismatches and not c.all_zero]
+    second = [c for c in failed if fp32_may_overturn(c)]
     if not second:
         return failed
     try:

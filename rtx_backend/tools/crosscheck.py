@@ -39,10 +39,10 @@ from .._options import Options
 from .._record import recording
 from .._torch_compat import tree_flatten, tree_map
 from ..run.compare import (
-    LOW_PRECISION,
     OutputComparison,
     ToleranceSpec,
     compare,
+    fp32_may_overturn,
     judge_by_fp32,
     pick_tolerance,
 )
@@ -249,8 +249,8 @@ def _compare_all(
         name = f"output_{i}"
         names = (f"{label}/{name}",) if label == "model" else (f"{label}/{name}", name)
         result = compare(got, want, pick_tolerance(names, want.dtype, want, atol, rtol), name)
-        if (fp32 is not None and not result.passed and result.mismatches and not result.all_zero
-                and atol is None and rtol is None and want.dtype in LOW_PRECISION and got.shape == want.shape):
+        if (fp32 is not None and fp32_may_overturn(result) and atol is None and rtol is None
+                and got.shape == want.shape):
             try:
                 fp32_outputs = fp32() if fp32_outputs is None else fp32_outputs
                 judgment = judge_by_fp32(got, want, fp32_outputs[i], name)
