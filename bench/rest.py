@@ -143,9 +143,11 @@ def measure(name: str, model: Any, x: tuple[torch.Tensor, ...], ref: torch.Tenso
     for b in ("trtrtx", "trtrtx-inductor", "trtrtx-cg", "trtrtx-inductor-cg", "trtrtx-fastest", "trtrtx-fastest-cg"):
         if best_inductor and "median_ms" in rows.get(b, {}):
             summary[f"{b}_vs_best_inductor"] = round(rows[b]["median_ms"] / best_inductor, 3)
-    if "median_ms" in rows.get("trtrtx", {}) and "median_ms" in rows.get("trtrtx-inductor", {}):
-        summary["speedup_rest_inductor_over_pytorch"] = round(
-            rows["trtrtx"]["median_ms"] / rows["trtrtx-inductor"]["median_ms"], 3)
+    for suffix in ("", "-cg"):
+        slow, fast = rows.get("trtrtx" + suffix, {}), rows.get("trtrtx-inductor" + suffix, {})
+        if "median_ms" in slow and "median_ms" in fast:
+            summary["speedup_rest_inductor_over_pytorch" + suffix.replace("-", "_")] = round(
+                slow["median_ms"] / fast["median_ms"], 3)
     return {"model": name, "shape": [list(t.shape) for t in x], "backends": rows, "summary": summary}
 
 
@@ -207,6 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--iters", type=int, default=50)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--backends", default="", help="comma-separated subset of the backends (default: all)")
+    parser.add_argument("--tag", default="", help="added to the result file's name, e.g. the part measured")
     args = parser.parse_args(argv)
     if args.gpu and not torch.cuda.is_available():
         parser.error("--gpu needs CUDA")
@@ -222,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, Any] = {"environment": env, "gemm_ops": GEMM_OPS, "parts": {}}
     out = args.out
     out.mkdir(parents=True, exist_ok=True)
-    path = bench.result_path("rest" + ("-smoke" if args.smoke else ""), env, out)
+    path = bench.result_path("-".join(t for t in ("rest", args.tag, "smoke" if args.smoke else "") if t), env, out)
     for part in [p for p in args.parts.split(",") if p]:
         configs = results["parts"].setdefault(part, [])
         for name in chosen or lists[part]:
