@@ -19,7 +19,6 @@ from types import ModuleType
 from typing import Any
 
 import torch
-import torch._prims_common
 
 
 def _no_cuda(*args: Any) -> Any:
@@ -57,8 +56,6 @@ dispatch_get_all_op_names: Callable[[], list[str]] = torch._C._dispatch_get_all_
 # a region module skips nn.Module's hook dispatch when none is set; no public "are there any".
 global_forward_hooks: dict[int, Any] = torch.nn.modules.module._global_forward_hooks
 global_forward_pre_hooks: dict[int, Any] = torch.nn.modules.module._global_forward_pre_hooks
-# Contiguous strides of a shape, as torch computes them for empty tensors: no public function.
-make_contiguous_strides_for: Callable[..., Any] = torch._prims_common.make_contiguous_strides_for
 
 
 def cuda_driver_version() -> int | str:
@@ -243,7 +240,6 @@ ENTRY_POINTS: tuple[tuple[str, Callable[[], Any], bool], ...] = (
     ("torch._C._dispatch_get_all_op_names", lambda: dispatch_get_all_op_names, False),
     ("torch.nn.modules.module._global_forward_hooks", lambda: global_forward_hooks, False),
     ("torch.nn.modules.module._global_forward_pre_hooks", lambda: global_forward_pre_hooks, False),
-    ("torch._prims_common.make_contiguous_strides_for", lambda: make_contiguous_strides_for, False),
     ("torch.utils._pytree.tree_flatten", lambda: importlib.import_module("torch.utils._pytree").tree_flatten, False),
     ("torch.utils._pytree.tree_map", lambda: importlib.import_module("torch.utils._pytree").tree_map, False),
     ("torch.utils._pytree.tree_unflatten", lambda: importlib.import_module("torch.utils._pytree").tree_unflatten, False),

@@ -176,7 +176,8 @@ class _RegionRunner:
         try:
             compiled = self._compiled()
             compiled(*args)  # compiles (or raises) before anything is timed
-            timing = _choices.time_both(lambda: module(*args), lambda: compiled(*args))
+            timing = _choices.time_both(lambda: module(*args), lambda: compiled(*args),
+                                        _choices.in_graphs(self.options))
         except Exception as exc:  # inductor cannot compile it, or a run failed: keep the executor
             log.info("trtrtx: region %s: not timed against inductor (%s: %s); it stays on %s",
                      module.name, type(exc).__name__, exc, module.kind)

@@ -38,16 +38,36 @@ class Timing:
     inductor_ms: float
 
 
-def time_both(executor: Callable[[], Any], inductor: Callable[[], Any]) -> Timing:
-    """Median milliseconds per call of each, in interleaved rounds (CUDA events on a GPU)."""
+def time_both(executor: Callable[[], Any], inductor: Callable[[], Any], graphs: bool = False) -> Timing:
+    """Median milliseconds per call of each, in interleaved rounds (CUDA events on a GPU).
+
+    `graphs`: the model runs in CUDA graphs (cuda_graph_strategy="whole_graph_capture"), so each
+    is timed as the replay of a graph that captured one call: launch costs, which graphs remove,
+    would otherwise count against inductor's many small kernels. Where either cannot be
+    captured, both are timed as plain calls."""
     for _ in range(WARMUP):
         executor()
         inductor()
+    if graphs and torch.cuda.is_available():
+        replays = _captured(executor), _captured(inductor)
+        if replays[0] is not None and replays[1] is not None:
+            executor, inductor = replays[0].replay, replays[1].replay
     runs: dict[str, list[float]] = {"executor": [], "inductor": []}
     for _ in range(ROUNDS):
         for name, fn in (("executor", executor), ("inductor", inductor)):
             runs[name].append(_per_call_ms(fn))
     return Timing(statistics.median(runs["executor"]), statistics.median(runs["inductor"]))
+
+
+def _captured(fn: Callable[[], Any]) -> torch.cuda.CUDAGraph | None:
+    """A CUDA graph of one call of `fn` (already warmed up), or None where it cannot be captured."""
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph):
+            fn()
+    except Exception:  # a region or code that cannot be captured is timed as plain calls
+        return None
+    return graph
 
 
 def _per_call_ms(fn: Callable[[], Any]) -> float:
@@ -66,9 +86,16 @@ def _per_call_ms(fn: Callable[[], Any]) -> float:
     return (time.perf_counter() - t) * 1e3 / CALLS
 
 
-def here() -> str:
-    """This machine as choices name it: the GPU and driver, or the CPU (ONNX Runtime's path)."""
-    return validation_identity() or f"cpu {platform.machine()} {platform.processor()}".strip()
+def here(options: Options | None = None) -> str:
+    """This machine as choices name it: the GPU and driver, or the CPU (ONNX Runtime's path);
+    with " cuda graphs" where the model runs in CUDA graphs (timed as replays, see time_both)."""
+    machine = validation_identity() or f"cpu {platform.machine()} {platform.processor()}".strip()
+    return machine + (" cuda graphs" if options is not None and in_graphs(options) else "")
+
+
+def in_graphs(options: Options) -> bool:
+    """Whether the model's calls replay CUDA graphs, so that regions are timed as replays."""
+    return options.cuda_graph_strategy == "whole_graph_capture" and torch.cuda.is_available()
 
 
 def recorded(options: Options, key: Key | None) -> Timing | None:
@@ -76,7 +103,7 @@ def recorded(options: Options, key: Key | None) -> Timing | None:
     cache = EngineCache.for_options(options) if key is not None else None
     if cache is None or key is None:
         return None
-    value = cache.choice(key, here())
+    value = cache.choice(key, here(options))
     try:
         return Timing(float(value["executor_ms"]), float(value["inductor_ms"])) if value else None
     except (KeyError, TypeError, ValueError):
@@ -87,4 +114,4 @@ def record(options: Options, key: Key | None, timing: Timing) -> None:
     """Store `timing` beside the engine of `key` for this machine (nothing without an entry)."""
     cache = EngineCache.for_options(options) if key is not None else None
     if cache is not None and key is not None:
-        cache.record_choice(key, here(), dataclasses.asdict(timing))
+        cache.record_choice(key, here(options), dataclasses.asdict(timing))

@@ -198,6 +198,18 @@ class _Binding:
     scratch_bound: bool = False  # the executor's own scratch memory is the one set (uncaptured calls)
 
 
+def contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
+    """The strides torch gives a new contiguous tensor of `shape` (a size-0 or size-1 dim counts
+    as 1). Plain ints: torch's own helper checks its input with torch._check, whose first use
+    imports sympy, seconds of a loaded package's first call."""
+    strides = []
+    step = 1
+    for size in reversed(shape):
+        strides.append(step)
+        step *= max(int(size), 1)
+    return tuple(reversed(strides))
+
+
 class TrtExecutor(Executor):
     """Runs a TensorRT-RTX engine on torch's current CUDA stream, with torch-allocated outputs.
 
@@ -385,7 +397,7 @@ class TrtExecutor(Executor):
             b.output_specs = []
             for name, dtype in zip(self.output_names, self.output_dtypes):
                 shape = tuple(ctx.get_tensor_shape(name))
-                b.output_specs.append((shape, tuple(_torch_compat.make_contiguous_strides_for(shape)), dtype))
+                b.output_specs.append((shape, contiguous_strides(shape), dtype))
             b.input_shapes = shapes
         outputs = []
         device = self.device

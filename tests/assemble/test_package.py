@@ -314,6 +314,27 @@ def test_gpu_package_runs_on_tensorrt_rtx_and_widens(tmp_path):
 
 
 @pytest.mark.gpu
+def test_gpu_fresh_process_runs_the_package_on_tensorrt_rtx_without_the_compiler(tmp_path):
+    model = net().cuda().half()
+    x = torch.randn(4, 3, 16, 16, device="cuda", dtype=torch.half)
+    path = tmp_path / "gpu.pt2"
+    rtx_backend.save(model, (x,), path, options={"min_block_size": 1, "engine_cache_dir": None,
+                                                 "target_compute_capabilities": _gpu_targets()})
+    code = (
+        "import sys, torch, rtx_backend\n"
+        "x = torch.randn(4, 3, 16, 16, device='cuda', dtype=torch.half)\n"
+        f"m = rtx_backend.load({str(path)!r})\n"
+        "print(sorted({r.kind for r in m.modules() if hasattr(r, 'executor')}))\n"
+        "y = m(x); torch.cuda.synchronize(); print(tuple(y.shape))\n"
+        "heavy = ['torch._dynamo', 'torch._functorch.aot_autograd', 'torch.onnx._internal.exporter', 'sympy']\n"
+        "print([h for h in heavy if h in sys.modules])\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.splitlines() == ["['tensorrt_rtx']", "(4, 5)", "[]"], out.stdout
+
+
+@pytest.mark.gpu
 def test_gpu_package_without_onnx_refuses_shapes_outside_the_profile(tmp_path):
     model = net().cuda().half()
     x = torch.randn(4, 3, 16, 16, device="cuda", dtype=torch.half)

@@ -265,7 +265,7 @@ def test_fastest_keeps_the_faster_and_records_it_beside_the_engine(tmp_path, mon
                "executor": _choices.Timing(executor_ms=1.0, inductor_ms=2.0)}
     timed: list[int] = []
 
-    def fake_time_both(executor, inductor):
+    def fake_time_both(executor, inductor, graphs=False):
         executor(), inductor()  # both run on the call's inputs
         timed.append(1)
         return timings[faster]
@@ -339,6 +339,6 @@ def test_gpu_fastest_times_engine_and_inductor_and_keeps_the_faster(tmp_path, gr
     regions = [r for g in records for r in g.regions]
     assert regions and all(r.kind == "tensorrt_rtx" for r in regions)
     for r in regions:
-        stored = _choices.recorded(Options(engine_cache_dir=str(tmp_path)), r.engine_key)
+        stored = _choices.recorded(Options(engine_cache_dir=str(tmp_path), cuda_graph_strategy=graphs), r.engine_key)
         assert stored is not None and stored.executor_ms > 0 and stored.inductor_ms > 0
         assert r.chosen == ("inductor" if stored.inductor_ms < stored.executor_ms else "")
