@@ -66,6 +66,8 @@ def trtrtx(
             raise  # an option that does not fit this graph is the user's to fix, not a fallback
         # Regions fall back one by one (compile_region); this is the net under the rest of the
         # pipeline (lowering, policy, partition): a working model must not become a crash.
-        log.warning("trtrtx: this graph runs in PyTorch: compiling it failed (%s: %s)", type(exc).__name__, exc)
+        by_inductor = _rest.inductor(opts, unlowered=True)
+        log.warning("trtrtx: this graph runs in %s: compiling it failed (%s: %s)",
+                    "inductor" if by_inductor else "PyTorch", type(exc).__name__, exc)
         log.debug("trtrtx: graph compilation failed", exc_info=exc)
-        return _rest.whole_graph(gm, example_inputs, opts, gm.forward) if _rest.inductor(opts) else gm.forward
+        return _rest.whole_graph(gm, example_inputs, opts, gm.forward) if by_inductor else gm.forward

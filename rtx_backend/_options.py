@@ -26,7 +26,7 @@ RUNTIMES = ("auto", "tensorrt_rtx", "onnxruntime")
 SPECIALIZATION_STRATEGIES = ("lazy", "eager", "none")
 CUDA_GRAPH_STRATEGIES = ("disabled", "whole_graph_capture")
 WEIGHT_MODES = ("checked", "frozen")
-RESTS = ("pytorch", "inductor")
+RESTS = ("auto", "pytorch", "inductor")
 MAX_DIM = 2**31 - 1  # TensorRT-RTX dimensions are int32
 
 
@@ -89,10 +89,12 @@ class Options:
     """checked: every call checks that the weights the engines froze are the model's (same
     tensors, not changed in place) and refits the engines when they are not; frozen: no check,
     the engines answer with the weights of compile time (for deployment). See docs/weights.md."""
-    rest: Literal["pytorch", "inductor"] = "pytorch"
-    """What runs the graph outside the regions: pytorch (eager, as it comes from lowering), or
+    rest: Literal["auto", "pytorch", "inductor"] = "auto"
+    """What runs the graph outside the regions: pytorch (eager, as it comes from lowering),
     inductor (the graph compiled by inductor, regions as calls of the trtrtx::region op; a graph
-    that is not lowered and a region that falls back run inductor's code too). See docs/rest.md."""
+    that is not lowered and a region that falls back run inductor's code too), or auto: inductor
+    for a graph whose lowering failed and where GEMMs, attention or convolutions run outside the
+    regions, pytorch where the rest is only glue. See docs/rest.md."""
     fastest: bool = False
     """With rest="inductor": time each region's engine against inductor's code for it on its
     first calls and keep the faster (the decision is stored beside the engine, per GPU and

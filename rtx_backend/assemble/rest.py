@@ -34,6 +34,7 @@ from .. import _stats, _torch_compat
 from .._options import Options
 from ..export.bridge import FROZEN
 from ..lower.lowering import without_autocast
+from ..plan.policy import op_family, op_names
 from ..run import choices as _choices
 from ..run.executors import own_scratch_in_captures
 from ..run.region import RegionModule
@@ -43,15 +44,40 @@ from ..run.validation import capturing
 log = logging.getLogger("rtx_backend")
 
 
-def inductor(options: Options) -> bool:
-    return options.rest == "inductor"
+def inductor(options: Options, unlowered: bool = False) -> bool:
+    """Whether inductor compiles the rest: rest="inductor"; with rest="auto" for a graph trtrtx
+    did not lower (`unlowered`: its lowering or partition failed) and, see `auto_rest`, for a
+    partitioned graph whose rest computes."""
+    return options.rest == "inductor" or (unlowered and options.rest == "auto")
+
+
+def auto_rest(gm: torch.fx.GraphModule) -> str:
+    """rest="auto" on a partitioned graph: the first GEMM, attention or convolution that runs
+    outside the regions (between them, kept by the policy, or in a region that fell back at build
+    time), which makes the rest worth inductor's compile; "" where the rest is only glue (views,
+    casts, small elementwise ops), which eager PyTorch runs as fast and without a compile."""
+    for node in gm.graph.nodes:
+        if node.op == "call_module":
+            sub = gm.get_submodule(str(node.target))
+            if isinstance(sub, RegionModule):
+                found = auto_rest(sub.graph_module) if sub.kind == "pytorch" else ""
+                if found:
+                    return found
+        elif node.op == "call_function" and hasattr(node.target, "_schema"):
+            name = op_names(node.target)[0].partition("::")[2]
+            if op_family(name) != "other":
+                return name
+    return ""
 
 
 def for_regions(options: Options) -> Options:
     """The options the partitioned graph is made with: those of rest="pytorch" (its regions and
     graph-cache entry are the same), without TensorRT-RTX's own CUDA graphs when inductor
     captures the whole graph (the engines run inside inductor's capture, which their own cannot
-    nest in)."""
+    nest in; with rest="auto", decided after the partition, they keep them and use a context
+    without them inside a capture)."""
+    if options.rest == "auto":
+        return dataclasses.replace(options, rest="pytorch")
     if not inductor(options):
         return options
     graphs = "disabled" if options.cuda_graph_strategy == "whole_graph_capture" else options.cuda_graph_strategy

@@ -38,10 +38,16 @@ def compile_or_reuse(
     `roots` gets the partitioned graph (whose regions froze the weights); `on_direct` gets it
     when the result runs it on Dynamo's inputs as they are (no aot_autograd wrapper around it)."""
     roots = roots if roots is not None else []
-    if _rest.inductor(options):
+    if options.rest != "pytorch":
         direct: list[torch.fx.GraphModule] = []
         fn = compile_or_reuse(gm, example_inputs, _rest.for_regions(options), roots, direct.append)
-        return _rest.compile_rest(direct[0] if len(direct) == 1 else None, example_inputs, fn, options)
+        partitioned = direct[0] if len(direct) == 1 else None
+        if not _rest.inductor(options):  # rest="auto": inductor only where the rest computes
+            why = _rest.auto_rest(partitioned) if partitioned is not None else ""
+            if not why:
+                return fn
+            log.info("trtrtx: rest='auto': inductor compiles this graph's rest (it runs %s outside the regions)", why)
+        return _rest.compile_rest(partitioned, example_inputs, fn, options)
     graphs = GraphCache.for_options(options)
     key = graph_key(gm, example_inputs, options) if graphs is not None else None
     overrides = symbol_overrides(gm, options)  # the option names model inputs: map it on Dynamo's graph

@@ -49,8 +49,8 @@ def run(model: nn.Module, inputs: list[torch.Tensor], atol: float = 1e-4, **opti
 
 def test_rest_option_is_validated():
     assert Options.from_dict({"rest": "Inductor"}).rest == "inductor"
-    assert Options().rest == "pytorch"
-    with pytest.raises(OptionsError, match=r"rest='tvm' is not valid; choose one of \['pytorch', 'inductor'\]"):
+    assert Options().rest == "auto"
+    with pytest.raises(OptionsError, match=r"rest='tvm' is not valid; choose one of \['auto', 'pytorch', 'inductor'\]"):
         Options.from_dict({"rest": "tvm"})
     with pytest.raises(OptionsError):
         Options(rest=None)  # type: ignore[arg-type]
@@ -107,6 +107,63 @@ def test_dynamic_shapes_compile_once():
     assert rtx_backend.stats()["rest_inductor_graphs"] == 1
 
 
+# ---- rest="auto" (the default): inductor where the rest computes ------------------------------------
+
+AUTO = {**BASE, "rest": "auto"}
+
+
+def test_auto_keeps_a_glue_only_rest_in_pytorch():
+    torch.manual_seed(0)
+    model = eval_model(MLP())
+    x = torch.randn(4, 16)
+    compiled = torch.compile(model, backend="trtrtx", options=AUTO)
+    with torch.no_grad(), recording() as graphs:
+        torch.testing.assert_close(compiled(x), model(x), atol=1e-4, rtol=1e-4)
+    assert [r.kind for g in graphs for r in g.regions] == ["onnxruntime"]
+    stats = rtx_backend.stats()
+    assert stats.get("rest_inductor_graphs", 0) == 0 and stats.get("rest_inductor_whole_graphs", 0) == 0, stats
+
+
+def test_auto_sends_gemms_kept_in_pytorch_to_inductor(caplog):
+    torch.manual_seed(0)
+    model = eval_model(MLP())
+    x = torch.randn(4, 16)
+    compiled = torch.compile(model, backend="trtrtx", options={**AUTO, "torch_executed_ops": ["aten.addmm", "aten.mm"]})
+    with torch.no_grad(), caplog.at_level(logging.INFO, logger="rtx_backend"):
+        torch.testing.assert_close(compiled(x), model(x), atol=1e-4, rtol=1e-4)
+    assert rtx_backend.stats()["rest_inductor_graphs"] == 1
+    assert "rest='auto': inductor compiles this graph's rest (it runs addmm outside the regions)" in caplog.text
+
+
+def test_auto_sends_a_graph_whose_lowering_failed_to_inductor(monkeypatch, caplog):
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("lowering broke")
+
+    monkeypatch.setattr(_reuse, "lower", broken)
+    torch.manual_seed(0)
+    model = eval_model(MLP())
+    x = torch.randn(4, 16)
+    compiled = torch.compile(model, backend="trtrtx", options=AUTO)
+    with torch.no_grad(), caplog.at_level(logging.WARNING, logger="rtx_backend"):
+        torch.testing.assert_close(compiled(x), model(x), atol=1e-4, rtol=1e-4)
+    assert "this graph runs in inductor: compiling it failed (RuntimeError: lowering broke)" in caplog.text
+    assert rtx_backend.stats()["rest_inductor_whole_graphs"] == 1
+
+
+def test_auto_finds_compute_in_a_region_that_fell_back_at_build(monkeypatch):
+    def no_build(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("builder refused")
+
+    monkeypatch.setattr(_region, "export_and_build", no_build)
+    torch.manual_seed(0)
+    model = eval_model(MLP())
+    x = torch.randn(4, 16)
+    compiled = torch.compile(model, backend="trtrtx", options=AUTO)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x), atol=1e-4, rtol=1e-4)
+    assert rtx_backend.stats()["rest_inductor_graphs"] == 1
+
+
 # ---- fallbacks: each leads to inductor's code -----------------------------------------------------
 
 def test_a_graph_whose_lowering_failed_runs_in_inductor(monkeypatch, caplog):
@@ -117,7 +174,7 @@ def test_a_graph_whose_lowering_failed_runs_in_inductor(monkeypatch, caplog):
     torch.manual_seed(0)
     with caplog.at_level(logging.WARNING, logger="rtx_backend"):
         run(eval_model(MLP()), [torch.randn(4, 16)])
-    assert "this graph runs in PyTorch: compiling it failed (RuntimeError: lowering broke)" in caplog.text
+    assert "this graph runs in inductor: compiling it failed (RuntimeError: lowering broke)" in caplog.text
     assert rtx_backend.stats()["rest_inductor_whole_graphs"] == 1
 
 
