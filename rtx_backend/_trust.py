@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import hmac
-import logging
 import os
 import secrets
 import stat
@@ -29,8 +28,6 @@ import threading
 from pathlib import Path
 
 from ._log import say_once
-
-log = logging.getLogger("rtx_backend")
 
 KEY_BYTES = 32
 ADOPT_HINT = "python -m rtx_backend adopt-cache"
