@@ -5,7 +5,7 @@
     python bench/refit.py --smoke               # CPU: a small MLP, ONNX Runtime path (runs anywhere)
 
 For each model, two compiles from empty caches: engines built refittable (the default of
-weights="checked") and engines built as for frozen weights (`rtx_backend.assemble.region.REFITTABLE_BUILDS`
+weights="checked") and engines built as for frozen weights (`rtx_backend.assemble.region.REFITS.builds`
 off). Each measures its cold build (the first call: export, build, first run), the call time of
 its engine (interleaved rounds, CUDA events), and the first call after every weight changed in
 place: a refit for the first, a rebuild for the second. The results after the change are
@@ -78,7 +78,7 @@ def variant(name: str, factory: Any, shape: tuple[int, ...], dtype: torch.dtype,
                "runtime_cache_path": str(Path(cache_dir) / f"{name}-{refittable}.cache")}
     if not bench.CUDA:
         options["target_compute_capabilities"] = [(8, 6)]
-    _region.REFITTABLE_BUILDS = refittable
+    _region.REFITS.builds = refittable
     rtx_backend.reset_stats()
     fn = torch.compile(model, backend="trtrtx", dynamic=False, options=options)
     cold, _ = timed_call(fn, x)
@@ -96,7 +96,7 @@ def variant(name: str, factory: Any, shape: tuple[int, ...], dtype: torch.dtype,
     rows["stats"] = {k: v for k, v in rtx_backend.stats().items() if k.startswith(("weight_", "engine_"))}
     rows["fn"] = fn
     rows["x"] = x
-    _region.REFITTABLE_BUILDS = True
+    _region.REFITS.builds = True
     return rows
 
 

@@ -40,7 +40,7 @@ from ._errors import (
 )
 from ._options import Options
 from ._stats import reset_stats
-from .assemble import package as _package  # noqa: F401  (registers the trtrtx::engine op)
+from .assemble import package_op as _package_op  # noqa: F401  (registers the trtrtx::engine op)
 from .assemble.package import load
 from .cache import store as _store
 from .lower import decompositions as _decompositions

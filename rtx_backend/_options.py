@@ -129,15 +129,11 @@ class Options:
                 f"unknown option(s) {', '.join(hints)}; valid options are: {', '.join(valid)}"
             )
         root = default_cache_root()  # defaults read the environment: a change of it is a new Options
-        with _BUILT_LOCK:
-            built = _BUILT.get(id(options))
-            if built is not None and built[0] is options and built[1] == root and _unchanged(built[2], options):
-                return built[3]
+        built = BUILT.get(options, root)
+        if built is not None:
+            return built
         made = cls(**options)
-        with _BUILT_LOCK:  # the dict is kept, so its id is not reused by another while it is here
-            _BUILT[id(options)] = (options, root, tuple(options.items()), made)
-            while len(_BUILT) > 64:
-                _BUILT.popitem(last=False)
+        BUILT.put(options, root, made)
         return made
 
     def cache_key_fields(self) -> dict[str, Any]:
@@ -187,11 +183,35 @@ def options_for_mode(mode: Any, options: Mapping[str, Any] | Options | None = No
     return dataclasses.replace(base, **{k: v for k, v in implied.items() if k not in given})
 
 
-# torch.compile hands the backend the same `options` dict on every compile: the Options built from
-# it are reused while it holds the same values (identity), so an iterator or generator given as a
-# value is read once, not found empty by the second compile.
-_BUILT: OrderedDict[int, tuple[Mapping[str, Any], Path, tuple[tuple[str, Any], ...], Options]] = OrderedDict()
-_BUILT_LOCK = threading.Lock()
+class BuiltOptions:
+    """The Options last built from each `options` dict (at most `size`).
+
+    torch.compile hands the backend the same `options` dict on every compile: the Options built
+    from it are reused while it holds the same values (identity), so an iterator or generator
+    given as a value is read once, not found empty by the second compile. Each dict is kept here,
+    so its id is not reused by another while it is."""
+
+    def __init__(self, size: int = 64) -> None:
+        self._lock = threading.Lock()
+        self._size = size
+        self._built: OrderedDict[int, tuple[Mapping[str, Any], Path, tuple[tuple[str, Any], ...], Options]] = (
+            OrderedDict())
+
+    def get(self, options: Mapping[str, Any], root: Path) -> Options | None:
+        with self._lock:
+            built = self._built.get(id(options))
+        if built is not None and built[0] is options and built[1] == root and _unchanged(built[2], options):
+            return built[3]
+        return None
+
+    def put(self, options: Mapping[str, Any], root: Path, made: Options) -> None:
+        with self._lock:
+            self._built[id(options)] = (options, root, tuple(options.items()), made)
+            while len(self._built) > self._size:
+                self._built.popitem(last=False)
+
+
+BUILT = BuiltOptions()
 _MISSING = object()
 
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import hmac
-import logging
 import os
 import secrets
 import stat
@@ -28,13 +27,34 @@ import tempfile
 import threading
 from pathlib import Path
 
-log = logging.getLogger("rtx_backend")
+from ._log import say_once
 
 KEY_BYTES = 32
-_LOCK = threading.Lock()
-_KEYS: dict[tuple[str, int, int], bytes] = {}  # (path, inode, mtime) -> secret
-_WARNED: set[str] = set()
 ADOPT_HINT = "python -m rtx_backend adopt-cache"
+
+
+class KeyFiles:
+    """The key files read in this process, by (path, inode, mtime): a key is read once, and read
+    again when its file is replaced. Tests and benchmarks call `clear()`."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._keys: dict[tuple[str, int, int], bytes] = {}
+
+    def get(self, ident: tuple[str, int, int]) -> bytes | None:
+        with self._lock:
+            return self._keys.get(ident)
+
+    def put(self, ident: tuple[str, int, int], key: bytes) -> None:
+        with self._lock:
+            self._keys[ident] = key
+
+    def clear(self) -> None:
+        with self._lock:
+            self._keys.clear()
+
+
+KEYS = KeyFiles()
 
 
 class Untrusted(Exception):
@@ -54,7 +74,7 @@ def secret() -> bytes | None:
     try:
         return _load_or_create(path)
     except (OSError, Untrusted) as exc:
-        warn_once(f"trtrtx: no usable cache key at {path} ({exc}); the engine, graph and runtime caches are off. "
+        say_once(f"trtrtx: no usable cache key at {path} ({exc}); the engine, graph and runtime caches are off. "
                   "Fix: make the directory writable, or remove a damaged key file (a new one is made), "
                   "or set XDG_CONFIG_HOME to a directory of your own")
         return None
@@ -88,16 +108,14 @@ def _read_key(path: Path) -> bytes:
         if st.st_mode & 0o077:
             raise Untrusted(f"its mode is {stat.S_IMODE(st.st_mode):04o}; run `chmod 600 {path}`")
     ident = (str(path), st.st_ino, st.st_mtime_ns)
-    with _LOCK:
-        known = _KEYS.get(ident)
+    known = KEYS.get(ident)
     if known is not None:
         return known
     with open(path, "rb") as f:
         key = f.read(KEY_BYTES + 1)
     if len(key) != KEY_BYTES:
         raise Untrusted(f"it holds {len(key)} bytes, not {KEY_BYTES}")
-    with _LOCK:
-        _KEYS[ident] = key
+    KEYS.put(ident, key)
     return key
 
 
@@ -152,7 +170,7 @@ def trusted_directory(directory: Path, what: str) -> bool:
     problem = directory_problem(directory)
     if problem is None:
         return secret() is not None
-    warn_once(f"trtrtx: not using {directory} as the {what}: {problem}. Without it, compiles go on uncached.")
+    say_once(f"trtrtx: not using {directory} as the {what}: {problem}. Without it, compiles go on uncached.")
     return False
 
 
@@ -168,11 +186,3 @@ def make_directories(directory: Path, mode: int = 0o755) -> None:
     for path in reversed(missing):
         with contextlib.suppress(OSError):
             os.chmod(path, mode)
-
-
-def warn_once(message: str) -> None:
-    with _LOCK:
-        if message in _WARNED:
-            return
-        _WARNED.add(message)
-    log.warning(message)

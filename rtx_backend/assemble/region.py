@@ -149,32 +149,41 @@ def widened_engine(onnx_region: OnnxRegion, options: Options, base: Key | None, 
 def build_for(model: bytes | OnnxModel | Network, options: Options, profile: Profile) -> EngineData:
     """An engine for the region's model and a profile (also when a call fell outside the first one)."""
     targets = options.target_compute_capabilities
-    refittable = (checked(options) and REFITTABLE_BUILDS and torch.cuda.is_available()
-                  and targets not in _REFIT_REFUSED)
+    refittable = (checked(options) and REFITS.builds and torch.cuda.is_available()
+                  and targets not in REFITS.refused)
     with build_progress(options) as monitor:
         if refittable:
             try:
                 return build(model, targets, profile, monitor=monitor, refittable=True).data
             except BuildError as exc:  # a weight change then builds the engine again instead
                 # not tried again for these targets in this process: a failed build costs seconds
-                _REFIT_REFUSED.add(targets)
+                REFITS.refused.add(targets)
                 log.info("trtrtx: TensorRT-RTX builds no refittable engine for %s here (%s); engines are built "
                          "as for frozen weights, and a weight change builds the region's engine again",
                          _targets.describe(targets) if targets else "this GPU", exc)
         return build(model, targets, profile, monitor=monitor).data
 
 
-# Engines of checked weights are built refittable (where a GPU is present: TensorRT-RTX's builder
-# needs one for a refittable engine), so that a weight change is a refit. Where refittable
-# engines run slower (bench/refit.py measures it), set this False: engines are then built as for
-# frozen weights, and a weight change builds the region's engine again.
-REFITTABLE_BUILDS = True
+class Refits:
+    """How engines of checked weights are built, for the whole process.
+
+    `builds`: engines of checked weights are built refittable (where a GPU is present:
+    TensorRT-RTX's builder needs one for a refittable engine), so that a weight change is a
+    refit. Where refittable engines run slower (bench/refit.py measures it), set it False:
+    engines are then built as for frozen weights, and a weight change builds the region's engine
+    again.
+
+    `refused`: the targets (None: this GPU) for which a refittable build failed in this process
+    (TensorRT-RTX 1.6 on an SM 9.0 GPU, off its list, fails every one in Myelin: "target_sm '90'
+    does not have arch kind assigned"); not tried again, as a failed build costs seconds.
+    """
+
+    def __init__(self, builds: bool = True) -> None:
+        self.builds = builds
+        self.refused: set[tuple[tuple[int, int], ...] | None] = set()
 
 
-# Targets (None: this GPU) for which a refittable build failed in this process (TensorRT-RTX 1.6
-# on an SM 9.0 GPU, off its list, fails every one in Myelin: "target_sm '90' does not have arch
-# kind assigned").
-_REFIT_REFUSED: set[tuple[tuple[int, int], ...] | None] = set()
+REFITS = Refits()  # tests give the module a fresh one
 
 
 def checked(options: Options) -> bool:

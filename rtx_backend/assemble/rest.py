@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from .. import _stats, _torch_compat
+from .._log import say_once
 from .._options import Options
 from ..export.bridge import FROZEN
 from ..lower.lowering import without_autocast
@@ -94,7 +95,7 @@ def compile_rest(
     """The partitioned graph `gm` (taking Dynamo's inputs as they are) compiled by inductor,
     regions as op calls; `fn` (the rest in PyTorch) when there is no such graph or inductor fails."""
     if gm is None:
-        _warn("this graph's rest runs in PyTorch: lowering changed its calling convention (input mutations "
+        say_once("trtrtx: this graph's rest runs in PyTorch: lowering changed its calling convention (input mutations "
               "or aliased outputs), which the partitioned graph cannot be compiled with")
         return fn
     try:
@@ -106,7 +107,7 @@ def compile_rest(
     except Exception as exc:
         if options.strict:
             raise
-        _warn(f"inductor could not compile this graph's rest; it runs in PyTorch ({type(exc).__name__}: {exc})")
+        say_once(f"trtrtx: inductor could not compile this graph's rest; it runs in PyTorch ({type(exc).__name__}: {exc})")
         log.debug("trtrtx: inductor failed on the rest", exc_info=exc)
         return fn
     _stats.count("rest_inductor_graphs")
@@ -125,7 +126,7 @@ def whole_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options
     except _torch_compat.dynamo_exc().TorchDynamoException:
         raise
     except Exception as exc:
-        _warn(f"inductor could not compile this graph either; it runs in PyTorch ({type(exc).__name__}: {exc})")
+        say_once(f"trtrtx: inductor could not compile this graph either; it runs in PyTorch ({type(exc).__name__}: {exc})")
         log.debug("trtrtx: inductor failed on the graph", exc_info=exc)
         return eager
     _stats.count("rest_inductor_whole_graphs")
@@ -182,7 +183,7 @@ class _RegionRunner:
         try:
             return self._compiled()(*args)
         except Exception as exc:
-            _warn(f"inductor could not compile region {module.name}; it runs in "
+            say_once(f"trtrtx: inductor could not compile region {module.name}; it runs in "
                   f"{'PyTorch' if module.executor.kind == 'pytorch' else module.kind} ({type(exc).__name__}: {exc})")
             self.compiled = module.graph_module
             if module.executor.kind != "pytorch":
@@ -251,12 +252,3 @@ def _unfreeze(gm: torch.fx.GraphModule) -> None:
         gm.graph.erase_node(node)
     gm.graph.lint()
     gm.recompile()
-
-
-_WARNED: set[str] = set()
-
-
-def _warn(message: str) -> None:
-    if message not in _WARNED:
-        _WARNED.add(message)
-        log.warning("trtrtx: %s", message)

@@ -85,7 +85,30 @@ def guard_weights(
     return WeightGuard(fn, list(roots), example_inputs, used, eager, options, overrides)
 
 
-_fused_hook: list[Any] = []
+class FusedSteps:
+    """The one global optimizer post-step hook that counts fused optimizers' steps (see
+    `count_fused_steps`): registered once per process; `handle` is torch's (None where this
+    torch has no global step hooks)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.registered = False
+        self.handle: Any = None
+
+    def register(self) -> None:
+        with self._lock:
+            if self.registered:
+                return
+            self.registered = True
+            try:
+                from torch.optim.optimizer import register_optimizer_step_post_hook
+
+                self.handle = register_optimizer_step_post_hook(_count_fused_step)
+            except (ImportError, AttributeError) as exc:  # this torch has no global step hooks
+                log.debug("trtrtx: fused optimizer steps cannot be counted here (%s)", exc)
+
+
+FUSED_STEPS = FusedSteps()
 
 
 def count_fused_steps() -> None:
@@ -93,15 +116,7 @@ def count_fused_steps() -> None:
     parameters' version counters, as every other in-place change does: their fused kernels
     write the parameters without counting it, and the check would not see the step. One global
     optimizer post-step hook (registered once), for the param groups that are fused only."""
-    if _fused_hook:
-        return
-    try:
-        from torch.optim.optimizer import register_optimizer_step_post_hook
-
-        _fused_hook.append(register_optimizer_step_post_hook(_count_fused_step))
-    except (ImportError, AttributeError) as exc:  # this torch has no global step hooks
-        _fused_hook.append(None)
-        log.debug("trtrtx: fused optimizer steps cannot be counted here (%s)", exc)
+    FUSED_STEPS.register()
 
 
 def _count_fused_step(optimizer: Any, args: Any, kwargs: Any) -> None:

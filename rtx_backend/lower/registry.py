@@ -161,18 +161,38 @@ class LazyRegistry(_registration.ONNXRegistry):  # type: ignore[misc, name-defin
         return super().get_decomps(target)
 
 
-_index_lock = threading.Lock()
-_indexes: dict[int, _Index] = {}
+class Registries:
+    """The process's registries: an index per opset (built once, grows as exports ask) and the
+    exporter's full registry (slow: built once, and only when an export fails with the lazy one).
+    Tests give the module a fresh one."""
+
+    def __init__(self) -> None:
+        self._index_lock = threading.Lock()
+        self._full_lock = threading.Lock()  # another: an index is not kept waiting for the full registry
+        self.indexes: dict[int, _Index] = {}
+        self.full: Any = None
+
+    def index(self, opset: int) -> _Index:
+        with self._index_lock:
+            if opset not in self.indexes:
+                with quiet_registration():
+                    self.indexes[opset] = _Index(opset)
+            return self.indexes[opset]
+
+    def full_registry(self) -> Any:
+        with self._full_lock:
+            if self.full is None:
+                with quiet_registration():
+                    self.full = _registration.ONNXRegistry.from_torchlib(opset_version())
+            return self.full
+
+
+REGISTRIES = Registries()
 
 
 def index(opset: int | None = None) -> _Index:
     """The process's index for `opset` (default: the exporter's): built once, grows as exports ask."""
-    opset = opset_version() if opset is None else opset
-    with _index_lock:
-        if opset not in _indexes:
-            with quiet_registration():
-                _indexes[opset] = _Index(opset)
-        return _indexes[opset]
+    return REGISTRIES.index(opset_version() if opset is None else opset)
 
 
 def lazy_registry(opset: int | None = None) -> LazyRegistry:
@@ -282,27 +302,34 @@ def _composite(op: torch._ops.OpOverload) -> bool:
     return _torch_compat.dispatch_has_kernel_for_dispatch_key(op.name(), key) or key in op.py_kernels
 
 
-_local = threading.local()
-_patch_lock = threading.Lock()
+class _Skipping(threading.local):
+    """Whether this thread's export may skip the decomposition pass; `patch_lock` guards putting
+    the check in front of the exporter's pass (once per process)."""
+
+    skip = False
+    patch_lock = threading.Lock()  # a class attribute: one for all threads
+
+
+_SKIPPING = _Skipping()
 
 
 @contextlib.contextmanager
 def _skipping_redecomposition() -> Iterator[None]:
     """Within: the exporter's decomposition pass returns an `already_decomposed` program as it is
     (this thread only; other exports, and a retry with the full registry, run the pass)."""
-    with _patch_lock:
+    with _Skipping.patch_lock:
         if not getattr(_fx_passes.decompose_with_registry, "_trtrtx", False):
             _fx_passes.decompose_with_registry = _decompose_unless_decomposed(_fx_passes.decompose_with_registry)
-    _local.skip = True
+    _SKIPPING.skip = True
     try:
         yield
     finally:
-        _local.skip = False
+        _SKIPPING.skip = False
 
 
 def _decompose_unless_decomposed(decompose: Callable[..., Any]) -> Callable[..., Any]:
     def decompose_with_registry(program: Any, registry: Any) -> Any:
-        if getattr(_local, "skip", False):
+        if _SKIPPING.skip:
             try:
                 skip = already_decomposed(program, registry)
             except Exception as exc:  # a program this check does not understand gets the pass
@@ -330,17 +357,7 @@ def quiet_registration() -> Iterator[None]:
         quiet.setLevel(level)
 
 
-_registry_lock = threading.Lock()
-
-
 def full_registry() -> Any:
     """The exporter's full registry, as torch.onnx.export builds it: slow (about a second), so built
     once per process, and only when an export fails with the lazy one."""
-    with _registry_lock:
-        if not _full:
-            with quiet_registration():
-                _full.append(_registration.ONNXRegistry.from_torchlib(opset_version()))
-        return _full[0]
-
-
-_full: list[Any] = []
+    return REGISTRIES.full_registry()

@@ -33,8 +33,22 @@ from ..run import runtime_cache as _runtime_cache
 
 log = logging.getLogger("rtx_backend")
 
-# One thread makes every engine's execution contexts, one engine after another (see TrtExecutor).
-_SETUP = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="trtrtx-setup")
+class SetupThread:
+    """The one thread that makes every engine's execution contexts, one engine after another (see
+    TrtExecutor); started on first use."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+
+    def submit(self, fn: Callable[[], None]) -> concurrent.futures.Future[None]:
+        with self._lock:
+            if self._pool is None:
+                self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="trtrtx-setup")
+            return self._pool.submit(fn)
+
+
+SETUP = SetupThread()
 
 
 def torch_dtype(trt_dtype: Any) -> torch.dtype:
@@ -268,7 +282,7 @@ class TrtExecutor(Executor):
         self.capture: _Binding | None = None  # the context for outer captures, when it differs
         # The contexts are made on the setup thread (TensorRT-RTX lets go of the GIL there) while
         # the caller goes on, e.g. Dynamo building its guards; the first call waits for them.
-        self._pending: concurrent.futures.Future[None] | None = _SETUP.submit(self._setup)
+        self._pending: concurrent.futures.Future[None] | None = SETUP.submit(self._setup)
 
     def _setup(self) -> None:
         """Make the contexts: the runtime cache attached (loaded from its file the first time),

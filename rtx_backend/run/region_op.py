@@ -46,9 +46,33 @@ _LIB = torch.library.Library(NAMESPACE, "DEF")
 _LIB.define("region(str key, Tensor[] tensors) -> Tensor[]")
 _LIB.define("region.ints(str key, Tensor[] tensors, SymInt[] ints) -> Tensor[]")
 
-_LIVE: dict[str, weakref.ReferenceType[RegionCall]] = {}
-_LOCK = threading.Lock()
-_COUNTER = itertools.count()
+
+
+class LiveRegions:
+    """The regions that op keys name in this process, held weakly (the compiled graph holds
+    them), each under a key of its own (the region's name and a number)."""
+
+    def __init__(self) -> None:
+        self.refs: dict[str, weakref.ReferenceType[RegionCall]] = {}
+        self._lock = threading.Lock()
+        self._counter = itertools.count()
+
+    def add(self, call: RegionCall, name: str) -> str:
+        key = f"{name}#{next(self._counter)}"
+        ref = weakref.ref(call, self._forget(key))
+        with self._lock:
+            self.refs[key] = ref
+        return key
+
+    def _forget(self, key: str) -> Callable[[Any], None]:
+        def forget(_ref: Any) -> None:
+            with self._lock:
+                if self.refs.get(key) is _ref:
+                    del self.refs[key]
+        return forget
+
+
+LIVE = LiveRegions()
 
 
 class RegionCall:
@@ -64,10 +88,7 @@ class RegionCall:
         self.layout = tuple(layout)
         self.plain = all(kind == "t" and j == i for i, (kind, j) in enumerate(self.layout))
         self.run = run if run is not None else module
-        self.key = f"{getattr(module, 'name', 'region')}#{next(_COUNTER)}"
-        ref = weakref.ref(self, _forget(self.key))
-        with _LOCK:
-            _LIVE[self.key] = ref
+        self.key = LIVE.add(self, getattr(module, "name", "region"))
 
     def arguments(self, tensors: Sequence[Any], ints: Sequence[Any]) -> list[Any]:
         if self.plain:
@@ -82,17 +103,9 @@ class RegionCall:
         return gm
 
 
-def _forget(key: str) -> Callable[[Any], None]:
-    def forget(_ref: Any) -> None:
-        with _LOCK:
-            if _LIVE.get(key) is _ref:
-                del _LIVE[key]
-    return forget
-
-
 def lookup(key: str) -> RegionCall:
     """The live region of `key`; a clear error when there is none."""
-    ref = _LIVE.get(key)
+    ref = LIVE.refs.get(key)
     entry = ref() if ref is not None else None
     if entry is None:
         raise RtxBackendError(
@@ -119,7 +132,7 @@ def _fresh(outputs: Sequence[torch.Tensor], inputs: Sequence[Any]) -> list[torch
 
 
 def _region(key: str, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
-    ref = _LIVE.get(key)
+    ref = LIVE.refs.get(key)
     entry = ref() if ref is not None else None
     if entry is None or not entry.plain:
         entry = lookup(key)

@@ -32,7 +32,9 @@ import torch
 from .. import _torch_compat, _trt
 from .._errors import OptionsError, PackageError
 from .._options import Options
-from ..assemble import package as _package
+from ..assemble import package_archive as _archive
+from ..assemble import package_graph as _graph_form
+from ..assemble import package_region as _saved_region
 
 log = logging.getLogger("rtx_backend")
 
@@ -104,7 +106,7 @@ def save(
             raise PackageError(f"torch.export of the compiled graph failed: {type(exc).__name__}: {exc}") from exc
     final.example_inputs = None  # type: ignore[assignment]  # torch.export.load would unpickle them
     manifest = {
-        "format": _package.FORMAT,
+        "format": _archive.FORMAT,
         "rtx_backend": _version("trtrtx"),
         "torch": torch.__version__,
         "tensorrt_rtx": _trt.version() if _trt.available() else None,
@@ -121,7 +123,7 @@ def save(
     os.close(fd)
     try:
         torch.export.save(final, temp)
-        _package.seal(Path(temp), manifest, key)
+        _archive.seal(Path(temp), manifest, key)
         os.replace(temp, target)
     finally:
         with contextlib.suppress(OSError):
@@ -148,10 +150,10 @@ class _AsTheModel(torch.nn.Module):
 
 
 def own_graph(packaged: torch.fx.GraphModule, out_spec: Any) -> dict[str, Any] | None:
-    """The packaged graph in the package's own form (see _package.encode_graph), or None."""
+    """The packaged graph in the package's own form (see _graph_form.encode_graph), or None."""
     try:
-        return _package.encode_graph(packaged, out_spec)
-    except _package.Unencodable as exc:
+        return _graph_form.encode_graph(packaged, out_spec)
+    except _graph_form.Unencodable as exc:
         log.info("trtrtx: the package holds no graph of its own (%s); load uses torch.export.load", exc)
         return None
 
@@ -167,7 +169,7 @@ def built_for(opts: Options) -> list[list[int]] | None:
 
 
 def recorded_options(opts: Options) -> dict[str, Any]:
-    return {k: getattr(opts, k) for k in (*_package.RUNTIME_OPTIONS, "min_block_size", "optimize_onnx")} | {
+    return {k: getattr(opts, k) for k in (*_saved_region.RUNTIME_OPTIONS, "min_block_size", "optimize_onnx")} | {
         "torch_executed_ops": sorted(opts.torch_executed_ops)}
 
 
@@ -315,7 +317,7 @@ def package_graph(gm: torch.fx.GraphModule, regions: Sequence[str], opts: Option
                                                  region.outputs))
         profile = module.profile.profile if module.profile is not None else {}
         meta = {
-            "format": _package.FORMAT,
+            "format": _archive.FORMAT,
             "name": name,
             "region": region_json,
             "profile": {n: [list(lo), list(opt), list(hi)] for n, (lo, opt, hi) in profile.items()},

@@ -336,9 +336,9 @@ def refittable_here() -> bool:
     """Whether TensorRT-RTX builds refittable engines on this GPU (1.6 on an SM 9.0 GPU, which it
     does not list, fails every refittable build in Myelin): where it does not, a weight change
     builds the engine again, and that is what these tests then check."""
-    from rtx_backend.assemble.region import _REFIT_REFUSED
+    from rtx_backend.assemble.region import REFITS
 
-    return None not in _REFIT_REFUSED
+    return None not in REFITS.refused
 
 
 def updated(stats: dict, count: int) -> None:
@@ -417,7 +417,7 @@ def test_gpu_a_refitted_engine_is_cached_under_its_new_weights():
 @pytest.mark.gpu
 def test_gpu_an_engine_that_is_not_refittable_is_rebuilt(monkeypatch, caplog):
 
-    monkeypatch.setattr(_region, "REFITTABLE_BUILDS", False)
+    monkeypatch.setattr(_region, "REFITS", _region.Refits(builds=False))
     model = mlp().cuda()
     x = torch.randn(8, 6, device="cuda")
     compiled = torch.compile(model, backend="trtrtx", options=gpu_options(False))
@@ -498,7 +498,7 @@ def test_a_refittable_build_that_fails_is_not_tried_again_for_the_same_targets(m
 
     monkeypatch.setattr(_region, "build", fake_build)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(_region, "_REFIT_REFUSED", set())
+    monkeypatch.setattr(_region, "REFITS", _region.Refits())
     options = Options.from_dict({"target_compute_capabilities": [(8, 6)], "progress": False})
     with caplog.at_level(logging.INFO, logger="rtx_backend"):
         for _ in range(3):

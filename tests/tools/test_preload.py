@@ -20,7 +20,7 @@ exports = []
 original = _onnx_bridge.export_region
 _onnx_bridge.export_region = lambda gm, **kw: exports.append(1) or original(gm, **kw)
 before = {m: m in sys.modules for m in ("onnxscript.function_libs.torch_lib.ops",)}
-indexed_before = bool(_registry._indexes)
+indexed_before = bool(_registry.REGISTRIES.indexes)
 seconds = rtx_backend.preload()
 warm_up_exports = len(exports)
 after = {m: m in sys.modules for m in before}
@@ -36,7 +36,7 @@ with torch.no_grad():
     ok = torch.allclose(fn(x), model(x), atol=tolerance, rtol=tolerance)
 index = _registry.index()
 print(json.dumps({"before": before, "after": after, "indexed_before": indexed_before,
-                  "indexed_after": bool(_registry._indexes), "same_index": index is _registry.index(),
+                  "indexed_after": bool(_registry.REGISTRIES.indexes), "same_index": index is _registry.index(),
                   "seconds": seconds, "ok": ok, "cache_files": cache_files, "warm_up_exports": warm_up_exports, "kinds": [k for k in rtx_backend.stats()]}))
 """
 
