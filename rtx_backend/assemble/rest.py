@@ -134,7 +134,7 @@ class _RegionRunner:
         if options.fastest:
             known = _choices.recorded(options, module.engine_key)
             if known is not None:
-                self._decide(known, "recorded")
+                self._decide(known, "cached")
 
     def __call__(self, *args: Any) -> Any:
         module = self.module
@@ -182,7 +182,7 @@ class _RegionRunner:
                      module.name, type(exc).__name__, exc, module.kind)
             self.use_inductor = False
             return
-        self._decide(timing, "timed")
+        self._decide(timing, "measured")
         _choices.record(self.options, module.engine_key, timing)
 
     def _compiled(self) -> Callable[..., Any]:
@@ -192,10 +192,11 @@ class _RegionRunner:
             self.compiled = torch.compile(self.module.graph_module, backend="inductor", dynamic=dynamic or None)
         return self.compiled
 
-    def _decide(self, timing: _choices.Timing, how: str) -> None:
+    def _decide(self, timing: _choices.Timing, source: str) -> None:
         module = self.module
-        self.use_inductor = timing.inductor_ms < timing.executor_ms
-        module.chosen = "inductor" if self.use_inductor else ""
+        module.fastest = _choices.Decision(module.kind, timing, source)
+        self.use_inductor = module.chosen == "inductor"
+        how = {"cached": "recorded", "measured": "timed"}[source]
         text = (f"inductor's code for it takes {timing.inductor_ms:.3f} ms a call and {module.kind} "
                 f"{timing.executor_ms:.3f} ms on this GPU ({how})")
         if self.use_inductor:
