@@ -35,7 +35,7 @@ from .._options import Options
 from ..export.bridge import FROZEN
 from ..lower.lowering import without_autocast
 from ..run import choices as _choices
-from ..run.executors import own_scratch_in_captures
+from ..run.executors import run_with_own_scratch
 from ..run.region import RegionModule
 from ..run.region_op import as_op_graph
 from ..run.validation import capturing
@@ -146,8 +146,7 @@ class _RegionRunner:
         return outputs
 
     def _module(self, *args: Any) -> Any:
-        with own_scratch_in_captures():  # (inductor's CUDA graphs track every allocation)
-            return self.module(*args)
+        return run_with_own_scratch(self.module, *args)  # (inductor's CUDA graphs track every allocation)
 
     def _inductor(self, *args: Any) -> Any:
         module = self.module
