@@ -4,9 +4,9 @@
     python bench/region_op.py --gpu      # GPU: regions on TensorRT-RTX
 
 Times, per call, a compiled region's module called directly (what rest="pytorch" does) and the
-same module through the op (what inductor's code does with rest="inductor"), in interleaved
-rounds, median of the rounds; plus the dispatcher's own cost (an op whose kernel returns its
-input). Prints JSON and saves it under bench/results (see bench.result_path).
+same module through the op, bare and through the runner that rest="inductor" gives it (what
+inductor's code calls), in interleaved rounds, median of the rounds; plus the dispatcher's own
+cost (an op whose kernel returns its input). Prints JSON and saves it under bench/results (see bench.result_path).
 """
 
 from __future__ import annotations
@@ -50,7 +50,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     import rtx_backend
+    from rtx_backend._options import Options
     from rtx_backend._record import recording
+    from rtx_backend.assemble import rest
     from rtx_backend.run.region_op import REGION, RegionCall
 
     device = "cuda" if args.gpu else "cpu"
@@ -64,6 +66,7 @@ def main(argv: list[str] | None = None) -> int:
         compiled(x)
     (region,) = graphs[0].regions
     call = RegionCall(region, [("t", 0)])
+    with_runner = RegionCall(region, [("t", 0)], rest._runner(region, Options(rest="inductor")))
 
     identity = torch.library.Library("trtrtx_bench", "DEF")
     identity.define("same(str key, Tensor[] tensors) -> Tensor[]")
@@ -73,6 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     cases = {
         "region_module": lambda: region(x),
         "region_op": lambda: REGION(call.key, [x]),
+        "region_op_rest": lambda: REGION(with_runner.key, [x]),
         "dispatcher_only": lambda: same("k", [x]),
     }
     samples: dict[str, list[float]] = {k: [] for k in cases}
@@ -82,6 +86,7 @@ def main(argv: list[str] | None = None) -> int:
                 samples[name].append(per_call_us(fn, args.n, args.gpu))
     result = {k: round(statistics.median(v), 3) for k, v in samples.items()}
     result["op_adds_us"] = round(result["region_op"] - result["region_module"], 3)
+    result["op_rest_adds_us"] = round(result["region_op_rest"] - result["region_module"], 3)
     env = environment()
     record = {"environment": env, "device": device, "region_kind": region.kind, "per_call_us": result,
               "rounds": args.rounds, "calls_per_round": args.n, "rtx_backend": rtx_backend.__version__}

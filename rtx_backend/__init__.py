@@ -44,7 +44,7 @@ from .assemble import package_op as _package_op  # noqa: F401  (registers the tr
 from .assemble.package import load
 from .cache import store as _store
 from .lower import decompositions as _decompositions
-from .tools.recording import EagerRecord, GraphRecord, Recording, RegionRecord, recording
+from .tools.recording import EagerRecord, FastestRecord, GraphRecord, Recording, RegionRecord, recording
 
 if TYPE_CHECKING:
     from ._backend import trtrtx
@@ -101,6 +101,7 @@ __all__ = [
     "CudaGraphError",
     "CrosscheckReport",
     "EagerRecord",
+    "FastestRecord",
     "GraphRecord",
     "ExplainReport",
     "Options",

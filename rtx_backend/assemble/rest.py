@@ -37,7 +37,7 @@ from ..export.bridge import FROZEN
 from ..lower.lowering import without_autocast
 from ..plan.policy import op_family, op_names
 from ..run import choices as _choices
-from ..run.executors import own_scratch_in_captures
+from ..run.executors import run_with_own_scratch
 from ..run.region import RegionModule
 from ..run.region_op import as_op_graph
 from ..run.validation import capturing
@@ -161,7 +161,7 @@ class _RegionRunner:
         if options.fastest:
             known = _choices.recorded(options, module.engine_key)
             if known is not None:
-                self._decide(known, "recorded")
+                self._decide(known, "cached")
 
     def __call__(self, *args: Any) -> Any:
         module = self.module
@@ -173,8 +173,7 @@ class _RegionRunner:
         return outputs
 
     def _module(self, *args: Any) -> Any:
-        with own_scratch_in_captures():  # (inductor's CUDA graphs track every allocation)
-            return self.module(*args)
+        return run_with_own_scratch(self.module, *args)  # (inductor's CUDA graphs track every allocation)
 
     def _inductor(self, *args: Any) -> Any:
         module = self.module
@@ -210,7 +209,7 @@ class _RegionRunner:
                      module.name, type(exc).__name__, exc, module.kind)
             self.use_inductor = False
             return
-        self._decide(timing, "timed")
+        self._decide(timing, "measured")
         _choices.record(self.options, module.engine_key, timing)
 
     def _compiled(self) -> Callable[..., Any]:
@@ -220,10 +219,11 @@ class _RegionRunner:
             self.compiled = torch.compile(self.module.graph_module, backend="inductor", dynamic=dynamic or None)
         return self.compiled
 
-    def _decide(self, timing: _choices.Timing, how: str) -> None:
+    def _decide(self, timing: _choices.Timing, source: str) -> None:
         module = self.module
-        self.use_inductor = timing.inductor_ms < timing.executor_ms
-        module.chosen = "inductor" if self.use_inductor else ""
+        module.fastest = _choices.Decision(module.kind, timing, source)
+        self.use_inductor = module.chosen == "inductor"
+        how = {"cached": "recorded", "measured": "timed"}[source]
         text = (f"inductor's code for it takes {timing.inductor_ms:.3f} ms a call and {module.kind} "
                 f"{timing.executor_ms:.3f} ms on this GPU ({how})")
         if self.use_inductor:

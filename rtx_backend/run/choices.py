@@ -38,6 +38,20 @@ class Timing:
     inductor_ms: float
 
 
+@dataclasses.dataclass(frozen=True)
+class Decision:
+    """What a region runs on with option fastest, and what that was decided on."""
+
+    executor: str  # the kind of the executor timed against inductor ("tensorrt_rtx", "onnxruntime")
+    timing: Timing
+    source: str  # "cached": the timing stored beside the engine; "measured": timed in this process
+
+    @property
+    def kept(self) -> str:
+        """The faster: "inductor" or the executor's kind (a tie keeps the executor)."""
+        return "inductor" if self.timing.inductor_ms < self.timing.executor_ms else self.executor
+
+
 def time_both(executor: Callable[[], Any], inductor: Callable[[], Any], graphs: bool = False) -> Timing:
     """Median milliseconds per call of each, in interleaved rounds (CUDA events on a GPU).
 

@@ -14,13 +14,12 @@ act on the same per-engine state.
 from __future__ import annotations
 
 import concurrent.futures
-import contextlib
 import contextvars
 import dataclasses
 import functools
 import logging
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import torch
@@ -160,13 +159,14 @@ _empty_strided_cuda = _torch_compat.empty_strided_cuda
 _SCRATCH_OF_OUR_OWN: contextvars.ContextVar[bool] = contextvars.ContextVar("trtrtx_own_scratch", default=False)
 
 
-@contextlib.contextmanager
-def own_scratch_in_captures() -> Iterator[None]:
-    """Engines run in this block use their executor's own scratch memory inside CUDA graph
-    captures too (for captures whose pool must hold no allocation but the outputs)."""
+def run_with_own_scratch(fn: Callable[..., Any], *args: Any) -> Any:
+    """`fn(*args)`, whose engines use their executor's own scratch memory inside CUDA graph
+    captures too (for captures whose pool must hold no allocation but the outputs). On every
+    region call of rest="inductor": a plain call, not a generator context manager (a
+    microsecond more a call)."""
     token = _SCRATCH_OF_OUR_OWN.set(True)
     try:
-        yield
+        return fn(*args)
     finally:
         _SCRATCH_OF_OUR_OWN.reset(token)
 

@@ -19,6 +19,7 @@ from .._errors import CudaGraphError, RtxBackendError
 from .._types import EngineData, OnnxRegion
 from ..build.profiles import EngineProfile
 from ..cache.engines import Key
+from ..run.choices import Decision
 from ..run.executors import Executor, TorchExecutor
 from ..run.validation import capturing, first_call
 
@@ -78,11 +79,16 @@ class RegionModule(torch.nn.Module):
         self.pick_tensors = picker(onnx_region.tensor_args if onnx_region is not None else ())
         self.why = ""  # why the region does not run on TensorRT-RTX (rtx_backend.recording shows it)
         self.engine_source = ""  # "built", "engine cache" or "" (no engine): set by the backend
-        self.chosen = ""  # "inductor" where inductor's code runs it, the faster (run/choices.py)
+        self.fastest: Decision | None = None  # option fastest's decision for it (run/choices.py)
 
     @property
     def kind(self) -> str:
         return self.executor.kind
+
+    @property
+    def chosen(self) -> str:
+        """"inductor" where option fastest found inductor's code for it the faster, else ""."""
+        return "inductor" if self.fastest is not None and self.fastest.kept == "inductor" else ""
 
     def forward(self, *args: Any) -> tuple[torch.Tensor, ...]:
         executor = self.executor

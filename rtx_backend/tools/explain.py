@@ -123,6 +123,7 @@ class ExplainReport:
     targets: tuple[Target, ...]  # what the policy judged against
     targets_declared: bool  # from target_compute_capabilities (else: this GPU, or none)
     engines: str  # whether and for what engines would be built
+    fastest: str = ""  # option fastest: what a compile would decide per region, and where it shows ("": off)
 
     @property
     def regions(self) -> tuple[RegionInfo, ...]:
@@ -213,7 +214,7 @@ def explain(
         torch._dynamo.reset()
     return ExplainReport(
         tuple(graphs), tuple(breaks), _targets.policy_targets(opts),
-        opts.target_compute_capabilities is not None, _engines(opts),
+        opts.target_compute_capabilities is not None, _engines(opts), _fastest(opts),
     )
 
 
@@ -387,6 +388,16 @@ def _engines(opts: Options) -> str:
     if opts.target_compute_capabilities is not None:
         return f"a compile would build them ahead of time for {_targets.describe(opts.target_compute_capabilities)}"
     return "a compile would build them for this GPU"
+
+
+def _fastest(opts: Options) -> str:
+    """What option fastest would do: nothing is timed here (no engine is built), so the decision
+    itself is only known after a compile's first calls."""
+    if not opts.fastest:
+        return ""
+    return ("a compile times each region against inductor's code for it on its first calls (or reads the "
+            "timing stored beside its engine) and keeps the faster; rtx_backend.recording() shows which, "
+            "and the times")
 
 
 def _error(exc: BaseException) -> str:

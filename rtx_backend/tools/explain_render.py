@@ -32,6 +32,8 @@ def render(report: Any) -> str:
         f"{len(regions)} region(s), {len(eager)} node(s) kept in PyTorch",
         f"targets: {_targets(report)}; engines: {report.engines}",
     ]
+    if report.fastest:
+        lines.append(f"fastest: {report.fastest}")
     if report.rules:
         lines.append("kept in PyTorch, by rule (the detail is below):")
         rows_: list[tuple[str, ...]] = [(r.rule, str(r.nodes), ", ".join(f"SM{a}.{b}" for a, b in r.targets) or "-",

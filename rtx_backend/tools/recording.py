@@ -5,6 +5,7 @@
     print(rec)                       # one line per region
     rec.regions[0].runtime           # "TensorRT-RTX", "ONNX Runtime", "PyTorch" or "inductor"
     rec.regions[0].why               # why not TensorRT-RTX ("" when it runs there)
+    rec.regions[0].fastest           # option fastest: the runtime kept and the times it was decided on
 
 `explain` says what trtrtx would do before anything is built; this says what it did. The
 records are read from the live regions whenever asked, so a region that first-call validation
@@ -28,6 +29,20 @@ ENGINE_SOURCES = {"built": "built", "engine cache": "loaded from the engine cach
 
 
 @dataclasses.dataclass(frozen=True)
+class FastestRecord:
+    """Option fastest's decision for a region: the runtime kept, the per-call times it was decided
+    on, and whether they were measured in this process or read from the record beside the engine."""
+
+    kept: str  # "TensorRT-RTX", "ONNX Runtime" or "inductor"
+    times_ms: dict[str, float]  # runtime -> milliseconds a call, e.g. {"ONNX Runtime": 0.05, "inductor": 0.02}
+    source: str  # "measured" (timed in this process) or "cached" (the engine cache's record)
+
+    def __str__(self) -> str:
+        times = ", ".join(f"{k} {v:.3f} ms" for k, v in self.times_ms.items())
+        return f"fastest: {self.kept} kept ({times} a call; {self.source})"
+
+
+@dataclasses.dataclass(frozen=True)
 class RegionRecord:
     """One region of a compiled graph: one TensorRT-RTX engine (or its ONNX model, or its graph)."""
 
@@ -37,6 +52,7 @@ class RegionRecord:
     why: str  # why it does not run on TensorRT-RTX; "" when it does
     engine: str  # "built", "loaded from the engine cache" or "none"
     engine_bytes: int  # size of the serialized engine (0: none)
+    fastest: FastestRecord | None = None  # option fastest's decision (None: the option is off)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,8 +118,10 @@ class Recording:
                          f"{len(g.kept_in_pytorch)} node(s) kept in PyTorch")
             for r in g.regions:
                 size = f" ({r.engine_bytes} bytes)" if r.engine_bytes else ""
-                why = f"; {r.why}" if r.why else ""
-                lines.append(f"  {r.name}: runs on {r.runtime}; engine {r.engine}{size}{why}")
+                # (a region that inductor runs because it is the faster: its times are the reason)
+                why = f"; {r.why}" if r.why and not (r.fastest and r.fastest.kept == r.runtime) else ""
+                fastest = f"; {r.fastest}" if r.fastest else ""
+                lines.append(f"  {r.name}: runs on {r.runtime}; engine {r.engine}{size}{why}{fastest}")
             rules: dict[str, int] = {}
             for n in g.kept_in_pytorch:
                 rules[n.rule] = rules.get(n.rule, 0) + 1
@@ -145,4 +163,13 @@ def _region_record(index: int, module: Any) -> RegionRecord:
     source = getattr(module, "engine_source", "") if engine is not None else ""
     why = "" if runtime == RUNTIMES["tensorrt_rtx"] else (getattr(module, "why", "") or "unknown")
     return RegionRecord(index, module.name, runtime, why, ENGINE_SOURCES.get(source, source),
-                        len(engine) if engine is not None else 0)
+                        len(engine) if engine is not None else 0, _fastest_record(getattr(module, "fastest", None)))
+
+
+def _fastest_record(decision: Any) -> FastestRecord | None:
+    """The record of a run.choices.Decision (None: option fastest is off, or not decided yet)."""
+    if decision is None:
+        return None
+    executor = RUNTIMES.get(decision.executor, decision.executor)
+    times = {executor: decision.timing.executor_ms, "inductor": decision.timing.inductor_ms}
+    return FastestRecord(RUNTIMES.get(decision.kept, decision.kept), times, decision.source)

@@ -223,6 +223,17 @@ def test_explain_does_not_claim_to_build():
     assert "engines: built" not in str(report)
 
 
+def test_explain_says_what_fastest_would_do_only_when_it_is_on():
+    model, x = eval_model(WithEagerOp()), torch.randn(3, 16)
+    off = rtx_backend.explain(model, x, options={"target_compute_capabilities": TURING, "rest": "inductor"})
+    assert off.fastest == "" and "fastest" not in str(off)
+    on = rtx_backend.explain(model, x, options={"target_compute_capabilities": TURING, "rest": "inductor",
+                                                "fastest": True})
+    assert "keeps the faster" in on.fastest and "rtx_backend.recording()" in on.fastest
+    assert f"fastest: {on.fastest}" in str(on).splitlines()[:3]
+    assert on.to_dict()["fastest"] == on.fastest
+
+
 class _Helper(nn.Module):
     """A model whose nodes come from a helper in another file (tests/models.py)."""
 

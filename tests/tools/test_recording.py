@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 import torch
@@ -101,6 +102,51 @@ def test_only_graphs_compiled_inside_the_block_are_recorded():
             compiled(torch.randn(2, 16))  # already compiled: nothing new
     assert len(inner.graphs) == 1 and outer.graphs == ()
     assert "0 graph(s) compiled" in str(outer)
+
+
+NO_CXX = shutil.which("g++") is None and shutil.which("c++") is None and shutil.which("clang++") is None
+
+
+def test_without_fastest_a_region_shows_no_decision():
+    rec, _ = run(eval_model(MLP()), torch.randn(2, 16), min_block_size=1, engine_cache_dir="", runtime_cache_path="")
+    (region,) = rec.regions
+    assert region.fastest is None and "fastest" not in str(rec)
+    assert json.loads(json.dumps(rec.to_dict()))["graphs"][0]["regions"][0]["fastest"] is None
+
+
+@pytest.mark.skipif(NO_CXX, reason="inductor's CPU code needs a C++ compiler (g++, c++ or clang++)")
+@pytest.mark.parametrize("faster", ["inductor", "executor"])
+def test_fastest_shows_the_runtime_kept_its_times_and_whether_they_were_measured_or_cached(
+        tmp_path, monkeypatch, faster):
+    from rtx_backend.run import choices as _choices
+
+    timing = (_choices.Timing(executor_ms=2.5, inductor_ms=1.25) if faster == "inductor"
+              else _choices.Timing(executor_ms=1.25, inductor_ms=2.5))
+    monkeypatch.setattr(_choices, "time_both", lambda executor, inductor: timing)
+    model = eval_model(MLP())
+    x = torch.randn(4, 16)
+    options = {"min_block_size": 1, "rest": "inductor", "fastest": True, "engine_cache_dir": str(tmp_path),
+               "runtime_cache_path": "", "target_compute_capabilities": SM86}
+    kept = "inductor" if faster == "inductor" else "ONNX Runtime"
+    for source in ("measured", "cached"):  # a second process reads the decision beside the engine
+        rtx_backend.stats()  # (the engine-cache writes behind the compile)
+        torch._dynamo.reset()
+        compiled = torch.compile(model, backend="trtrtx", options=options)
+        with torch.no_grad(), rtx_backend.recording() as rec:
+            for _ in range(3):
+                torch.testing.assert_close(compiled(x), model(x), atol=1e-4, rtol=1e-4)
+        (region,) = rec.regions
+        assert region.runtime == kept
+        assert region.fastest == rtx_backend.FastestRecord(
+            kept, {"ONNX Runtime": timing.executor_ms, "inductor": timing.inductor_ms}, source)
+        line = next(line for line in str(rec).splitlines() if line.strip().startswith(region.name))
+        assert line.endswith(f"fastest: {kept} kept (ONNX Runtime {timing.executor_ms:.3f} ms, "
+                             f"inductor {timing.inductor_ms:.3f} ms a call; {source})"), line
+        assert line.count("1.250 ms") == 1  # the reason inductor runs it is not said twice
+        fastest = json.loads(json.dumps(rec.to_dict()))["graphs"][0]["regions"][0]["fastest"]
+        assert fastest == {"kept": kept, "source": source,
+                           "times_ms": {"ONNX Runtime": timing.executor_ms, "inductor": timing.inductor_ms}}
+        monkeypatch.setattr(_choices, "time_both", lambda *a: pytest.fail("timed again"))
 
 
 @pytest.mark.gpu
