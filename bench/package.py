@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-HEAVY = ("torch._dynamo", "torch._functorch.aot_autograd", "torch.onnx._internal.exporter", "onnxscript")
+HEAVY = ("torch._dynamo", "torch._functorch.aot_autograd", "torch.onnx._internal.exporter", "onnxscript", "sympy")
 
 
 def model_and_input(smoke: bool) -> tuple[Any, Any]:
