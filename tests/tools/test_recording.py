@@ -122,7 +122,7 @@ def test_fastest_shows_the_runtime_kept_its_times_and_whether_they_were_measured
 
     timing = (_choices.Timing(executor_ms=2.5, inductor_ms=1.25) if faster == "inductor"
               else _choices.Timing(executor_ms=1.25, inductor_ms=2.5))
-    monkeypatch.setattr(_choices, "time_both", lambda executor, inductor: timing)
+    monkeypatch.setattr(_choices, "time_both", lambda executor, inductor, graphs=False: timing)
     model = eval_model(MLP())
     x = torch.randn(4, 16)
     options = {"min_block_size": 1, "rest": "inductor", "fastest": True, "engine_cache_dir": str(tmp_path),
