@@ -71,6 +71,20 @@ def auto_rest(gm: torch.fx.GraphModule) -> str:
     return ""
 
 
+def who_runs_the_rest(options: Options, gm: torch.fx.GraphModule | None) -> str:
+    """Who runs a partitioned graph's rest, and why (None: a graph trtrtx did not lower), as
+    `explain` shows it."""
+    if options.rest == "pytorch":
+        return "PyTorch (rest='pytorch')"
+    if options.rest == "inductor":
+        return "inductor (rest='inductor')"
+    if gm is None:
+        return "inductor (rest='auto': the graph is not lowered)"
+    why = auto_rest(gm)
+    return (f"inductor (rest='auto': {why} runs outside the regions)" if why
+            else "PyTorch (rest='auto': only glue runs outside the regions)")
+
+
 def for_regions(options: Options) -> Options:
     """The options the partitioned graph is made with: those of rest="pytorch" (its regions and
     graph-cache entry are the same), without TensorRT-RTX's own CUDA graphs when inductor

@@ -34,6 +34,7 @@ import torch
 from .. import _targets, _torch_compat
 from .._options import Options
 from .._types import Reason, Target
+from ..assemble.rest import who_runs_the_rest
 from ..lower.lowering import lower
 from ..plan.fixes import FIXES, FOLLOW_ON, TARGET_RULES
 from ..plan.partition import compute_nodes, plan_graph
@@ -111,7 +112,8 @@ class GraphInfo:
     aten_nodes: int
     regions: tuple[RegionInfo, ...]
     eager: tuple[EagerNode, ...]
-    error: str = ""  # lowering or planning failed: the whole graph would run in PyTorch
+    error: str = ""  # lowering or planning failed: the whole graph would run in PyTorch (or inductor)
+    rest: str = ""  # who would run what stays outside the regions, and why (option rest)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -190,9 +192,10 @@ def explain(
             except _torch_compat.dynamo_exc().TorchDynamoException:
                 raise
             except Exception as exc:
-                graphs.append(GraphInfo(index, aten_nodes, (), (), error=_error(exc)))
+                graphs.append(GraphInfo(index, aten_nodes, (), (), error=_error(exc), rest=who_runs_the_rest(opts, None)))
                 return aten_gm.forward
-            graphs.append(describe_plan(index, aten_nodes, plan, model_file))
+            info = describe_plan(index, aten_nodes, plan, model_file)
+            graphs.append(dataclasses.replace(info, rest=who_runs_the_rest(opts, plan.graph_module)))
             return plan.graph_module.forward
 
         try:
@@ -202,7 +205,7 @@ def explain(
             raise
         except Exception as exc:
             if len(graphs) == index:
-                graphs.append(GraphInfo(index, 0, (), (), error=_error(exc)))
+                graphs.append(GraphInfo(index, 0, (), (), error=_error(exc), rest=who_runs_the_rest(opts, None)))
             return gm.forward
 
     model_file = _source_file(model)

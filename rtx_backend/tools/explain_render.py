@@ -45,14 +45,17 @@ def render(report: Any) -> str:
         lines += _table(("#", "where", "reason"), rows, last_unbounded=True)
     for g in report.graphs:
         if g.error:
-            lines.append(f"graph {g.index} could not be lowered and runs in PyTorch: {g.error}")
+            runs_in = "inductor" if g.rest.startswith("inductor") else "PyTorch"
+            lines.append(f"graph {g.index} could not be lowered and runs in {runs_in}: {g.error}")
+        elif g.rest:
+            lines.append(f"graph {g.index}: what stays outside the regions runs in {g.rest}")
     if regions:
         lines.append("regions (one TensorRT-RTX engine each):")
         rows = [(str(r.graph), r.name, str(r.nodes), _join(map(str, r.inputs)), _join(map(str, r.outputs)),
                  _ops(r.ops)) for r in regions]
         lines += _table(("graph", "region", "nodes", "inputs", "outputs", "ops"), rows)
     else:
-        lines.append("regions: none; everything runs in PyTorch")
+        lines.append("regions: none; nothing runs on TensorRT-RTX")
     if eager:
         lines.append("kept in PyTorch:")
         rows = [(str(n.graph), n.node, n.op, n.rule, _target(n.target), _short_path(n.where), n.message)

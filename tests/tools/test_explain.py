@@ -149,6 +149,8 @@ def test_a_graph_that_cannot_be_planned_is_reported_and_still_runs(monkeypatch):
     report = rtx_backend.explain(eval_model(WithEagerOp()), torch.randn(3, 16))
     assert [g.error for g in report.graphs] == ["RuntimeError: planner exploded"]
     assert report.regions == ()
+    assert "could not be lowered and runs in inductor: RuntimeError: planner exploded" in str(report)  # rest="auto"
+    report = rtx_backend.explain(eval_model(WithEagerOp()), torch.randn(3, 16), options={"rest": "pytorch"})
     assert "could not be lowered and runs in PyTorch: RuntimeError: planner exploded" in str(report)
 
 
@@ -299,3 +301,17 @@ def test_nodes_without_a_source_line_name_their_submodule():
     report = rtx_backend.explain(model, torch.randn(2, 8, 32), options={"target_compute_capabilities": TURING})
     where = {n.where for n in report.eager_nodes if n.rule == "fp32-gemm-turing"}
     assert where == {"layers.0 (TransformerEncoderLayer)", "layers.1 (TransformerEncoderLayer)"}
+
+
+@pytest.mark.parametrize("options, expected", [
+    ({"target_compute_capabilities": [(7, 5)]}, "inductor (rest='auto': addmm runs outside the regions)"),
+    ({"target_compute_capabilities": [(7, 5)], "rest": "pytorch"}, "PyTorch (rest='pytorch')"),
+    ({"target_compute_capabilities": [(8, 6)]}, "PyTorch (rest='auto': only glue runs outside the regions)"),
+])
+def test_explain_says_who_runs_the_rest(options, expected):
+    from ..models import MLP
+
+    report = rtx_backend.explain(eval_model(MLP()), torch.randn(4, 16), options=options)
+    assert [g.rest for g in report.graphs] == [expected]
+    assert f"graph 0: what stays outside the regions runs in {expected}" in str(report)
+    assert report.to_dict()["graphs"][0]["rest"] == expected
