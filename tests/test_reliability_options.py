@@ -80,7 +80,7 @@ BAD_VALUES = [
     ("dump_onnx_dir", 1.5, "path string"),
     ("weights", "refit", "checked"),
     ("weights", True, "frozen"),
-    ("rest", "tvm", "['pytorch', 'inductor']"),
+    ("rest", "tvm", "['auto', 'pytorch', 'inductor']"),
     ("rest", None, "inductor"),
     ("fastest", "yes", "True or False"),
     ("fastest", True, "needs rest='inductor'"),

@@ -113,6 +113,8 @@ def crosscheck(
     first-call validation uses). An element fails only when it misses both atol and rtol.
     """
     opts = dataclasses.replace(Options.from_dict(options), validate=False)
+    if opts.rest == "auto":  # every region a module call, as the rest in PyTorch makes them (hooks see each)
+        opts = dataclasses.replace(opts, rest="pytorch")
     if isinstance(model, torch.nn.Module) and model.training:
         log.warning("trtrtx crosscheck: the model is in training mode; call model.eval() first "
                     "(dropout and batch statistics make runs differ)")

@@ -58,7 +58,7 @@ def test_rest_option_is_validated():
 
 def test_reduce_overhead_with_the_rest_in_inductor_is_inductors_cuda_graphs():
     ro = options_for_mode("reduce-overhead")
-    assert ro.cuda_graph_strategy == "whole_graph_capture" and ro.rest == "pytorch"
+    assert ro.cuda_graph_strategy == "whole_graph_capture" and ro.rest == "auto"
     # rest="pytorch": TensorRT-RTX's own graphs, per engine (unchanged)
     assert _rest.for_regions(ro).cuda_graph_strategy == "whole_graph_capture"
     both = Options(rest="inductor", cuda_graph_strategy="whole_graph_capture")
