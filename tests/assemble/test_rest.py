@@ -135,21 +135,6 @@ def test_auto_sends_gemms_kept_in_pytorch_to_inductor(caplog):
     assert "rest='auto': inductor compiles this graph's rest (it runs addmm outside the regions)" in caplog.text
 
 
-def test_auto_sends_a_graph_whose_lowering_failed_to_inductor(monkeypatch, caplog):
-    def broken(*args: Any, **kwargs: Any) -> Any:
-        raise RuntimeError("lowering broke")
-
-    monkeypatch.setattr(_reuse, "lower", broken)
-    torch.manual_seed(0)
-    model = eval_model(MLP())
-    x = torch.randn(4, 16)
-    compiled = torch.compile(model, backend="trtrtx", options=AUTO)
-    with torch.no_grad(), caplog.at_level(logging.WARNING, logger="rtx_backend"):
-        torch.testing.assert_close(compiled(x), model(x), atol=1e-4, rtol=1e-4)
-    assert "this graph runs in inductor: compiling it failed (RuntimeError: lowering broke)" in caplog.text
-    assert rtx_backend.stats()["rest_inductor_whole_graphs"] == 1
-
-
 def test_auto_finds_compute_in_a_region_that_fell_back_at_build(monkeypatch):
     def no_build(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("builder refused")
@@ -166,14 +151,15 @@ def test_auto_finds_compute_in_a_region_that_fell_back_at_build(monkeypatch):
 
 # ---- fallbacks: each leads to inductor's code -----------------------------------------------------
 
-def test_a_graph_whose_lowering_failed_runs_in_inductor(monkeypatch, caplog):
+@pytest.mark.parametrize("rest", ["inductor", "auto"])
+def test_a_graph_whose_lowering_failed_runs_in_inductor(monkeypatch, caplog, rest):
     def broken(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("lowering broke")
 
     monkeypatch.setattr(_reuse, "lower", broken)
     torch.manual_seed(0)
     with caplog.at_level(logging.WARNING, logger="rtx_backend"):
-        run(eval_model(MLP()), [torch.randn(4, 16)])
+        run(eval_model(MLP()), [torch.randn(4, 16)], rest=rest)
     assert "this graph runs in inductor: compiling it failed (RuntimeError: lowering broke)" in caplog.text
     assert rtx_backend.stats()["rest_inductor_whole_graphs"] == 1
 
