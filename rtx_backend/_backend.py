@@ -43,7 +43,8 @@ def trtrtx(
             "is on and an input or parameter requires grad), so it runs in PyTorch. Call the model "
             "under torch.no_grad() or torch.inference_mode() to run it on TensorRT-RTX."
         )
-        return _rest.whole_graph(gm, example_inputs, opts, gm.forward) if _rest.inductor(opts) else gm.forward
+        return _rest.whole_graph(gm, example_inputs, opts, gm.forward) if _rest.rest_choice(opts).inductor \
+            else gm.forward
     if any(isinstance(t, torch.Tensor) and t.is_meta for t in example_inputs):
         # no data to run on: PyTorch gives meta outputs of the right shapes and dtypes, as eager does
         log.info("trtrtx: this graph takes meta tensors; it runs in PyTorch (meta outputs, as in eager mode)")
@@ -66,7 +67,7 @@ def trtrtx(
             raise  # an option that does not fit this graph is the user's to fix, not a fallback
         # Regions fall back one by one (compile_region); this is the net under the rest of the
         # pipeline (lowering, policy, partition): a working model must not become a crash.
-        by_inductor = _rest.inductor(opts, unlowered=True)
+        by_inductor = _rest.rest_choice(opts, unlowered=True).inductor
         log.warning("trtrtx: this graph runs in %s: compiling it failed (%s: %s)",
                     "inductor" if by_inductor else "PyTorch", type(exc).__name__, exc)
         log.debug("trtrtx: graph compilation failed", exc_info=exc)

@@ -45,11 +45,33 @@ from ..run.validation import capturing
 log = logging.getLogger("rtx_backend")
 
 
-def inductor(options: Options, unlowered: bool = False) -> bool:
-    """Whether inductor compiles the rest: rest="inductor"; with rest="auto" for a graph trtrtx
-    did not lower (`unlowered`: its lowering or partition failed) and, see `auto_rest`, for a
-    partitioned graph whose rest computes."""
-    return options.rest == "inductor" or (unlowered and options.rest == "auto")
+@dataclasses.dataclass(frozen=True)
+class RestChoice:
+    """Who runs a graph's rest (inductor or PyTorch), and why, as the log and `explain` say it."""
+
+    inductor: bool
+    why: str  # e.g. "rest='auto': addmm runs outside the regions"
+    op: str = ""  # rest="auto": the op outside the regions that sent the rest to inductor
+
+    def __str__(self) -> str:
+        return f"{'inductor' if self.inductor else 'PyTorch'} ({self.why})"
+
+
+def rest_choice(options: Options, gm: torch.fx.GraphModule | None = None, unlowered: bool = False) -> RestChoice:
+    """Whether inductor compiles a graph's rest: always with rest="inductor", never with
+    "pytorch"; with "auto" for a graph trtrtx did not lower (`unlowered`: its lowering or partition
+    failed) and for a partitioned graph `gm` whose rest computes (`auto_rest`). Without `gm` (no
+    partitioned graph that takes Dynamo's inputs as they are) "auto" keeps the rest in PyTorch."""
+    if options.rest != "auto":
+        return RestChoice(options.rest == "inductor", f"rest='{options.rest}'")
+    if unlowered:
+        return RestChoice(True, "rest='auto': the graph is not lowered")
+    if gm is None:
+        return RestChoice(False, "rest='auto': no partitioned graph takes Dynamo's inputs as they are")
+    op = auto_rest(gm)
+    if op:
+        return RestChoice(True, f"rest='auto': {op} runs outside the regions", op)
+    return RestChoice(False, "rest='auto': only glue runs outside the regions")
 
 
 def auto_rest(gm: torch.fx.GraphModule) -> str:
@@ -71,20 +93,6 @@ def auto_rest(gm: torch.fx.GraphModule) -> str:
     return ""
 
 
-def who_runs_the_rest(options: Options, gm: torch.fx.GraphModule | None) -> str:
-    """Who runs a partitioned graph's rest, and why (None: a graph trtrtx did not lower), as
-    `explain` shows it."""
-    if options.rest == "pytorch":
-        return "PyTorch (rest='pytorch')"
-    if options.rest == "inductor":
-        return "inductor (rest='inductor')"
-    if gm is None:
-        return "inductor (rest='auto': the graph is not lowered)"
-    why = auto_rest(gm)
-    return (f"inductor (rest='auto': {why} runs outside the regions)" if why
-            else "PyTorch (rest='auto': only glue runs outside the regions)")
-
-
 def for_regions(options: Options) -> Options:
     """The options the partitioned graph is made with: those of rest="pytorch" (its regions and
     graph-cache entry are the same), without TensorRT-RTX's own CUDA graphs when inductor
@@ -93,7 +101,7 @@ def for_regions(options: Options) -> Options:
     without them inside a capture)."""
     if options.rest == "auto":
         return dataclasses.replace(options, rest="pytorch")
-    if not inductor(options):
+    if options.rest != "inductor":
         return options
     graphs = "disabled" if options.cuda_graph_strategy == "whole_graph_capture" else options.cuda_graph_strategy
     return dataclasses.replace(options, rest="pytorch", fastest=False, cuda_graph_strategy=graphs)

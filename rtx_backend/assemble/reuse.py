@@ -42,11 +42,12 @@ def compile_or_reuse(
         direct: list[torch.fx.GraphModule] = []
         fn = compile_or_reuse(gm, example_inputs, _rest.for_regions(options), roots, direct.append)
         partitioned = direct[0] if len(direct) == 1 else None
-        if not _rest.inductor(options):  # rest="auto": inductor only where the rest computes
-            why = _rest.auto_rest(partitioned) if partitioned is not None else ""
-            if not why:
-                return fn
-            log.info("trtrtx: rest='auto': inductor compiles this graph's rest (it runs %s outside the regions)", why)
+        choice = _rest.rest_choice(options, partitioned)  # rest="auto": inductor only where the rest computes
+        if not choice.inductor:
+            return fn
+        if choice.op:
+            log.info("trtrtx: rest='auto': inductor compiles this graph's rest (it runs %s outside the regions)",
+                     choice.op)
         return _rest.compile_rest(partitioned, example_inputs, fn, options)
     graphs = GraphCache.for_options(options)
     key = graph_key(gm, example_inputs, options) if graphs is not None else None

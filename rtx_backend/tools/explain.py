@@ -34,7 +34,7 @@ import torch
 from .. import _targets, _torch_compat
 from .._options import Options
 from .._types import Reason, Target
-from ..assemble.rest import who_runs_the_rest
+from ..assemble.rest import rest_choice
 from ..lower.lowering import lower
 from ..plan.fixes import FIXES, FOLLOW_ON, TARGET_RULES
 from ..plan.partition import compute_nodes, plan_graph
@@ -192,10 +192,10 @@ def explain(
             except _torch_compat.dynamo_exc().TorchDynamoException:
                 raise
             except Exception as exc:
-                graphs.append(GraphInfo(index, aten_nodes, (), (), error=_error(exc), rest=who_runs_the_rest(opts, None)))
+                graphs.append(GraphInfo(index, aten_nodes, (), (), error=_error(exc), rest=str(rest_choice(opts, unlowered=True))))
                 return aten_gm.forward
             info = describe_plan(index, aten_nodes, plan, model_file)
-            graphs.append(dataclasses.replace(info, rest=who_runs_the_rest(opts, plan.graph_module)))
+            graphs.append(dataclasses.replace(info, rest=str(rest_choice(opts, plan.graph_module))))
             return plan.graph_module.forward
 
         try:
@@ -205,7 +205,7 @@ def explain(
             raise
         except Exception as exc:
             if len(graphs) == index:
-                graphs.append(GraphInfo(index, 0, (), (), error=_error(exc), rest=who_runs_the_rest(opts, None)))
+                graphs.append(GraphInfo(index, 0, (), (), error=_error(exc), rest=str(rest_choice(opts, unlowered=True))))
             return gm.forward
 
     model_file = _source_file(model)
