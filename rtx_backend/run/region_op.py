@@ -47,7 +47,6 @@ _LIB.define("region(str key, Tensor[] tensors) -> Tensor[]")
 _LIB.define("region.ints(str key, Tensor[] tensors, SymInt[] ints) -> Tensor[]")
 
 
-
 class LiveRegions:
     """The regions that op keys name in this process, held weakly (the compiled graph holds
     them), each under a key of its own (the region's name and a number)."""

@@ -416,7 +416,6 @@ def test_gpu_a_refitted_engine_is_cached_under_its_new_weights():
 
 @pytest.mark.gpu
 def test_gpu_an_engine_that_is_not_refittable_is_rebuilt(monkeypatch, caplog):
-
     monkeypatch.setattr(_region, "REFITS", _region.Refits(builds=False))
     model = mlp().cuda()
     x = torch.randn(8, 6, device="cuda")
