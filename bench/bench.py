@@ -582,6 +582,8 @@ def environment() -> dict[str, Any]:
         import torch_tensorrt
 
         env["torch_tensorrt"] = torch_tensorrt.__version__
+    if sys.pycache_prefix:  # where Python caches bytecode, if not beside the sources (PYTHONPYCACHEPREFIX)
+        env["pycache_prefix"] = sys.pycache_prefix
     if CUDA:
         env["gpu"] = torch.cuda.get_device_name()
         with contextlib.suppress(Exception):
