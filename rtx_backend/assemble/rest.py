@@ -144,13 +144,19 @@ def whole_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options
                 eager: Callable[..., Any]) -> Callable[..., Any]:
     """Dynamo's graph compiled by inductor (a graph trtrtx did not lower); `eager` if inductor fails."""
     try:
-        compiled = _torch_compat.inductor_compile(gm, list(example_inputs), _config(options))
+        return inductor_graph(gm, example_inputs, options)
     except _torch_compat.dynamo_exc().TorchDynamoException:
         raise
     except Exception as exc:
         say_once(f"trtrtx: inductor could not compile this graph either; it runs in PyTorch ({type(exc).__name__}: {exc})")
         log.debug("trtrtx: inductor failed on the graph", exc_info=exc)
         return eager
+
+
+def inductor_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: Options) -> Callable[..., Any]:
+    """Dynamo's graph compiled by inductor (what backend="inductor" makes of it); raises where
+    inductor fails. Counted in stats()["rest_inductor_whole_graphs"]."""
+    compiled = _torch_compat.inductor_compile(gm, list(example_inputs), _config(options))
     _stats.count("rest_inductor_whole_graphs")
     return compiled  # type: ignore[no-any-return]
 

@@ -22,6 +22,7 @@ from ..lower.lowering import is_weight, lower, without_autocast
 from ..plan.partition import PartitionPlan
 from ..run.region import RegionModule, direct_forward
 from . import rest as _rest
+from . import rest_fastest as _rest_fastest
 from .graph import compile_graph, generate_code
 from .region import runtime_module
 
@@ -34,7 +35,8 @@ def compile_or_reuse(
     on_direct: Callable[[torch.fx.GraphModule], None] | None = None,
 ) -> Callable[..., Any]:
     """The compiled graph from the graph cache, else lowered and compiled (and then cached);
-    with rest="inductor", compiled by inductor around its regions (rest.py).
+    with rest="inductor", compiled by inductor around its regions (rest.py); with option fastest
+    and one region that is the whole graph, that against inductor on `gm` (rest_fastest.py).
     `roots` gets the partitioned graph (whose regions froze the weights); `on_direct` gets it
     when the result runs it on Dynamo's inputs as they are (no aot_autograd wrapper around it)."""
     roots = roots if roots is not None else []
@@ -48,7 +50,7 @@ def compile_or_reuse(
         if choice.op:
             log.info("trtrtx: rest='auto': inductor compiles this graph's rest (it runs %s outside the regions)",
                      choice.op)
-        return _rest.compile_rest(partitioned, example_inputs, fn, options)
+        return _rest_fastest.compile_fastest(gm, example_inputs, partitioned, fn, options)
     graphs = GraphCache.for_options(options)
     key = graph_key(gm, example_inputs, options) if graphs is not None else None
     overrides = symbol_overrides(gm, options)  # the option names model inputs: map it on Dynamo's graph

@@ -8,6 +8,10 @@ region's engine (its engine-cache entry, signed like the entry), per GPU and dri
 later process on the same machine decides without timing, and compiles inductor's code only for
 the regions where it is the faster. Regions without an engine-cache entry are timed again in
 each process.
+
+Where one region is the whole graph (its rest only glue), the choice is made once for the graph
+instead (assemble/rest_fastest.py): trtrtx's compiled graph against inductor's code for Dynamo's
+own graph, recorded beside the region's engine under its own name (scope "graph").
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ class Decision:
     executor: str  # the kind of the executor timed against inductor ("tensorrt_rtx", "onnxruntime")
     timing: Timing
     source: str  # "cached": the timing stored beside the engine; "measured": timed in this process
+    scope: str = "region"  # "region": inductor's code for the region; "graph": for Dynamo's whole graph
 
     @property
     def kept(self) -> str:
@@ -112,20 +117,25 @@ def in_graphs(options: Options) -> bool:
     return options.cuda_graph_strategy == "whole_graph_capture" and torch.cuda.is_available()
 
 
-def recorded(options: Options, key: Key | None) -> Timing | None:
-    """The timing stored beside the engine of `key` for this machine, or None."""
+def _identity(options: Options, scope: str) -> str:
+    """The name a choice is recorded under: this machine, and " whole graph" for a graph's choice."""
+    return here(options) + (" whole graph" if scope == "graph" else "")
+
+
+def recorded(options: Options, key: Key | None, scope: str = "region") -> Timing | None:
+    """The timing stored beside the engine of `key` for this machine and scope, or None."""
     cache = EngineCache.for_options(options) if key is not None else None
     if cache is None or key is None:
         return None
-    value = cache.choice(key, here(options))
+    value = cache.choice(key, _identity(options, scope))
     try:
         return Timing(float(value["executor_ms"]), float(value["inductor_ms"])) if value else None
     except (KeyError, TypeError, ValueError):
         return None
 
 
-def record(options: Options, key: Key | None, timing: Timing) -> None:
-    """Store `timing` beside the engine of `key` for this machine (nothing without an entry)."""
+def record(options: Options, key: Key | None, timing: Timing, scope: str = "region") -> None:
+    """Store `timing` beside the engine of `key` for this machine and scope (nothing without an entry)."""
     cache = EngineCache.for_options(options) if key is not None else None
     if cache is not None and key is not None:
-        cache.record_choice(key, here(options), dataclasses.asdict(timing))
+        cache.record_choice(key, _identity(options, scope), dataclasses.asdict(timing))

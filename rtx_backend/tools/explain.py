@@ -399,8 +399,8 @@ def _fastest(opts: Options) -> str:
     if not opts.fastest:
         return ""
     return ("a compile times each region against inductor's code for it on its first calls (or reads the "
-            "timing stored beside its engine) and keeps the faster; rtx_backend.recording() shows which, "
-            "and the times")
+            "timing stored beside its engine) and keeps the faster (a region that is the whole graph: against "
+            "inductor's code for Dynamo's whole graph); rtx_backend.recording() shows which, and the times")
 
 
 def _error(exc: BaseException) -> str:

@@ -36,10 +36,14 @@ class FastestRecord:
     kept: str  # "TensorRT-RTX", "ONNX Runtime" or "inductor"
     times_ms: dict[str, float]  # runtime -> milliseconds a call, e.g. {"ONNX Runtime": 0.05, "inductor": 0.02}
     source: str  # "measured" (timed in this process) or "cached" (the engine cache's record)
+    # "region": inductor's code for the region; "graph": the region is the whole graph, timed as
+    # trtrtx's compiled graph against inductor's code for Dynamo's whole graph
+    scope: str = "region"
 
     def __str__(self) -> str:
         times = ", ".join(f"{k} {v:.3f} ms" for k, v in self.times_ms.items())
-        return f"fastest: {self.kept} kept ({times} a call; {self.source})"
+        whole = "; whole graph: inductor on Dynamo's graph" if self.scope == "graph" else ""
+        return f"fastest: {self.kept} kept ({times} a call; {self.source}{whole})"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -172,4 +176,5 @@ def _fastest_record(decision: Any) -> FastestRecord | None:
         return None
     executor = RUNTIMES.get(decision.executor, decision.executor)
     times = {executor: decision.timing.executor_ms, "inductor": decision.timing.inductor_ms}
-    return FastestRecord(RUNTIMES.get(decision.kept, decision.kept), times, decision.source)
+    return FastestRecord(RUNTIMES.get(decision.kept, decision.kept), times, decision.source,
+                         getattr(decision, "scope", "region"))

@@ -115,19 +115,24 @@ def test_without_fastest_a_region_shows_no_decision():
 
 
 @pytest.mark.skipif(NO_CXX, reason="inductor's CPU code needs a C++ compiler (g++, c++ or clang++)")
+@pytest.mark.parametrize("scope", ["region", "graph"])
 @pytest.mark.parametrize("faster", ["inductor", "executor"])
 def test_fastest_shows_the_runtime_kept_its_times_and_whether_they_were_measured_or_cached(
-        tmp_path, monkeypatch, faster):
+        tmp_path, monkeypatch, faster, scope):
+    """Per region (two regions around an op kept in PyTorch), and for the graph (one region that
+    is the whole graph, timed against inductor's code for Dynamo's graph)."""
     from rtx_backend.run import choices as _choices
 
     timing = (_choices.Timing(executor_ms=2.5, inductor_ms=1.25) if faster == "inductor"
               else _choices.Timing(executor_ms=1.25, inductor_ms=2.5))
     monkeypatch.setattr(_choices, "time_both", lambda executor, inductor, graphs=False: timing)
-    model = eval_model(MLP())
+    model = eval_model(WithEagerOp() if scope == "region" else MLP())
     x = torch.randn(4, 16)
     options = {"min_block_size": 1, "rest": "inductor", "fastest": True, "engine_cache_dir": str(tmp_path),
-               "runtime_cache_path": "", "target_compute_capabilities": SM86}
+               "runtime_cache_path": "", "target_compute_capabilities": SM86,
+               "torch_executed_ops": ["aten.sigmoid"] if scope == "region" else []}
     kept = "inductor" if faster == "inductor" else "ONNX Runtime"
+    whole = "; whole graph: inductor on Dynamo's graph" if scope == "graph" else ""
     for source in ("measured", "cached"):  # a second process reads the decision beside the engine
         rtx_backend.stats()  # (the engine-cache writes behind the compile)
         torch._dynamo.reset()
@@ -135,16 +140,17 @@ def test_fastest_shows_the_runtime_kept_its_times_and_whether_they_were_measured
         with torch.no_grad(), rtx_backend.recording() as rec:
             for _ in range(3):
                 torch.testing.assert_close(compiled(x), model(x), atol=1e-4, rtol=1e-4)
-        (region,) = rec.regions
-        assert region.runtime == kept
-        assert region.fastest == rtx_backend.FastestRecord(
-            kept, {"ONNX Runtime": timing.executor_ms, "inductor": timing.inductor_ms}, source)
-        line = next(line for line in str(rec).splitlines() if line.strip().startswith(region.name))
-        assert line.endswith(f"fastest: {kept} kept (ONNX Runtime {timing.executor_ms:.3f} ms, "
-                             f"inductor {timing.inductor_ms:.3f} ms a call; {source})"), line
-        assert line.count("1.250 ms") == 1  # the reason inductor runs it is not said twice
+        assert len(rec.regions) == (2 if scope == "region" else 1)
+        for region in rec.regions:
+            assert region.runtime == kept
+            assert region.fastest == rtx_backend.FastestRecord(
+                kept, {"ONNX Runtime": timing.executor_ms, "inductor": timing.inductor_ms}, source, scope)
+            line = next(line for line in str(rec).splitlines() if line.strip().startswith(region.name))
+            assert line.endswith(f"fastest: {kept} kept (ONNX Runtime {timing.executor_ms:.3f} ms, "
+                                 f"inductor {timing.inductor_ms:.3f} ms a call; {source}{whole})"), line
+            assert line.count("1.250 ms") == 1  # the reason inductor runs it is not said twice
         fastest = json.loads(json.dumps(rec.to_dict()))["graphs"][0]["regions"][0]["fastest"]
-        assert fastest == {"kept": kept, "source": source,
+        assert fastest == {"kept": kept, "source": source, "scope": scope,
                            "times_ms": {"ONNX Runtime": timing.executor_ms, "inductor": timing.inductor_ms}}
         monkeypatch.setattr(_choices, "time_both", lambda *a: pytest.fail("timed again"))
 
