@@ -19,6 +19,7 @@ compiled at call time, would be specialized to the shapes it is compiled with.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -47,8 +48,14 @@ def compile_fastest(
     if region is None:
         return _rest.compile_rest(partitioned, example_inputs, fn, options)
     # (one decision, for the graph: the region's runner does not time it again)
-    trtrtx = _rest.compile_rest(partitioned, example_inputs, fn, dataclasses.replace(options, fastest=False))
-    return GraphChooser(trtrtx, region, gm, example_inputs, options)
+    single = dataclasses.replace(options, fastest=False)
+    trtrtx = _rest.compile_rest(partitioned, example_inputs, fn, single)
+    # with inductor's CUDA graphs, both are timed as replays of graphs of their own (`time_both`)
+    # compiled without inductor's graphs: cudagraph-tree functions cannot be captured again
+    plain = dataclasses.replace(single, cuda_graph_strategy="disabled")
+    replayable = functools.partial(_rest.compile_rest, partitioned, example_inputs, fn, plain) \
+        if _choices.in_graphs(options) else None
+    return GraphChooser(trtrtx, region, gm, example_inputs, options, replayable)
 
 
 def sole_region(partitioned: torch.fx.GraphModule | None, gm: torch.fx.GraphModule,
@@ -76,16 +83,23 @@ def _static(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> bool:
     return True
 
 
+class _Logged(Exception):
+    """Inductor could not compile the whole graph, as already logged."""
+
+
 class GraphChooser:
     """The faster of trtrtx's compiled graph and inductor's code for Dynamo's graph, decided on
     the first call that can time them (or from the record beside the region's engine)."""
 
     def __init__(self, trtrtx: Callable[..., Any], region: RegionModule, gm: torch.fx.GraphModule,
-                 example_inputs: Sequence[Any], options: Options) -> None:
+                 example_inputs: Sequence[Any], options: Options,
+                 replayable: Callable[[], Callable[..., Any]] | None = None) -> None:
         self.trtrtx = trtrtx
+        self.replayable = replayable  # trtrtx's graph without inductor's CUDA graphs, for timing (None: not needed)
         self.region = region
         self.options = options
         self.source: tuple[torch.fx.GraphModule, list[Any]] | None = (gm, list(example_inputs))
+        self.source_gm: tuple[torch.fx.GraphModule, list[Any]] | None = self.source  # (for the timing's compiles)
         self.inductor: Callable[..., Any] | None = None
         self.fn = trtrtx  # what runs the calls once decided
         self.pending = True
@@ -129,25 +143,41 @@ class GraphChooser:
         (run again: timing may have overwritten a CUDA graph's outputs)."""
         self.pending = False
         region = self.region
-        inductor = self._compiled()
-        if inductor is None:
-            return outputs
-        timed = False
         try:
-            inductor(*args)  # (a first call: inductor's warm-up, or its failure, before anything is timed)
-            timed = True
-            timing = _choices.time_both(lambda: self.trtrtx(*args), lambda: inductor(*args),
-                                        _choices.in_graphs(self.options))
-        except Exception as exc:  # a run failed: keep trtrtx
+            timing = self._time(args)
+        except Exception as exc:  # inductor cannot compile it, or a run failed: keep trtrtx
             if self.options.strict:
                 raise
-            log.info("trtrtx: region %s: not timed against inductor on the whole Dynamo graph (%s: %s); "
-                     "trtrtx's compiled graph runs it", region.name, type(exc).__name__, exc)
-            self.inductor = None
-            return self.trtrtx(*args) if timed else outputs
+            if not isinstance(exc, _Logged):
+                log.info("trtrtx: region %s: not timed against inductor on the whole Dynamo graph (%s: %s); "
+                         "trtrtx's compiled graph runs it", region.name, type(exc).__name__, exc)
+            self.inductor, self.source, self.source_gm, self.replayable = None, None, None, None
+            return self.trtrtx(*args)
+        if _choices.Decision(region.kind, timing, "measured", SCOPE).kept == "inductor" and self._compiled() is None:
+            self.source_gm = self.replayable = None
+            return self.trtrtx(*args)  # (inductor's code with its CUDA graphs failed to compile: logged)
         self._decide(timing, "measured")
         _choices.record(self.options, region.engine_key, timing, SCOPE)
         return self.fn(*args)
+
+    def _time(self, args: Sequence[Any]) -> _choices.Timing:
+        """Both candidates' times on `args`. With inductor's CUDA graphs (cudagraph trees, which a
+        CUDA graph capture of ours cannot hold, nor be timed against another tree) each is timed as
+        the replay of a graph of its own, compiled without inductor's graphs for the timing; the
+        code with inductor's graphs is compiled only where inductor is kept."""
+        if self.replayable is None:
+            inductor = self._compiled()
+            if inductor is None:
+                raise _Logged  # (_compiled said why)
+            inductor(*args)  # (a first call: inductor's warm-up, or its failure, before anything is timed)
+            return _choices.time_both(lambda: self.trtrtx(*args), lambda: inductor(*args))
+        assert self.source_gm is not None
+        gm, example_inputs = self.source_gm
+        trtrtx = self.replayable()
+        plain = _rest.inductor_graph(gm, example_inputs, dataclasses.replace(self.options, cuda_graph_strategy="disabled"),
+                                     counted=False)
+        plain(*args)
+        return _choices.time_both(lambda: trtrtx(*args), lambda: plain(*args), graphs=True)
 
     def _decide(self, timing: _choices.Timing, source: str) -> None:
         region = self.region
@@ -163,6 +193,7 @@ class GraphChooser:
             _stats.count("rest_inductor_graphs_chosen")
         else:
             self.inductor = None  # (not kept: its code is dropped)
-        self.source = None
+        self.source = self.source_gm = None
+        self.replayable = None
         log.info("trtrtx: region %s: %s: %s", region.name, text,
                  "inductor's code for the whole graph runs it" if keep else f"{region.kind} runs the region")
