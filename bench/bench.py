@@ -582,8 +582,9 @@ def environment() -> dict[str, Any]:
         import torch_tensorrt
 
         env["torch_tensorrt"] = torch_tensorrt.__version__
-    if sys.pycache_prefix:  # where Python caches bytecode, if not beside the sources (PYTHONPYCACHEPREFIX)
-        env["pycache_prefix"] = sys.pycache_prefix
+    # imports are much slower where Python compiles every module's source in every process
+    env["bytecode"] = ("not cached (PYTHONDONTWRITEBYTECODE)" if sys.dont_write_bytecode
+                       else f"cached in {sys.pycache_prefix}" if sys.pycache_prefix else "cached beside the sources")
     if CUDA:
         env["gpu"] = torch.cuda.get_device_name()
         with contextlib.suppress(Exception):
