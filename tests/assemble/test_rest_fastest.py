@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import shutil
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -82,10 +83,9 @@ def calls(compiled: Any, model: nn.Module, x: torch.Tensor, n: int) -> None:
             torch.testing.assert_close(compiled(x), model(x), atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize("faster", ["inductor", "trtrtx"])
-def test_one_region_is_timed_against_inductor_on_the_whole_graph_and_the_faster_kept(
-        tmp_path, monkeypatch, caplog, faster):
-    counts = Counts(monkeypatch, INDUCTOR_FASTER if faster == "inductor" else TRTRTX_FASTER)
+def three_calls_of_an_mlp(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> tuple[Any, nn.Module, torch.Tensor, Any]:
+    """The one-region MLP compiled with fastest, called three times (each checked against eager)
+    with INFO logged: the compiled model, the model, its input and the region's record."""
     torch.manual_seed(0)
     model = eval_model(MLP())
     x = torch.randn(4, 16)
@@ -93,6 +93,14 @@ def test_one_region_is_timed_against_inductor_on_the_whole_graph_and_the_faster_
     with recording() as graphs, caplog.at_level(logging.INFO, logger="rtx_backend"):
         calls(compiled, model, x, 3)
     (region,) = [r for g in graphs for r in g.regions]
+    return compiled, model, x, region
+
+
+@pytest.mark.parametrize("faster", ["inductor", "trtrtx"])
+def test_one_region_is_timed_against_inductor_on_the_whole_graph_and_the_faster_kept(
+        tmp_path, monkeypatch, caplog, faster):
+    counts = Counts(monkeypatch, INDUCTOR_FASTER if faster == "inductor" else TRTRTX_FASTER)
+    compiled, model, x, region = three_calls_of_an_mlp(tmp_path, caplog)
     assert counts.timed == 1  # one decision, for the graph: the region's runner did not time it too
     stats = rtx_backend.stats()
     assert stats["rest_inductor_whole_graphs"] == 1 and stats["rest_inductor_graphs"] == 1, stats
@@ -199,31 +207,30 @@ def test_a_graph_with_symbolic_shapes_keeps_the_choice_per_region(tmp_path, monk
     assert counts.whole == 0
 
 
+def break_inductor_on_dynamos_graph(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Inductor raises on Dynamo's graph, and compiles the partitioned graph (the op graph) as ever."""
+    compile_ = _torch_compat.inductor_compile
+
+    def broken(gm: torch.fx.GraphModule, example_inputs: list[Any], config: dict[str, Any]) -> Any:
+        if not _is_op_graph(gm):
+            raise RuntimeError("inductor broke on Dynamo's graph")
+        return compile_(gm, example_inputs, config)
+
+    monkeypatch.setattr(_torch_compat, "inductor_compile", broken)
+
+
 @pytest.mark.parametrize("failing", ["compile", "timing"])
 def test_inductor_failing_on_the_whole_graph_keeps_trtrtx(tmp_path, monkeypatch, caplog, failing):
     counts = Counts(monkeypatch, INDUCTOR_FASTER)
     if failing == "compile":
-        compile_ = _torch_compat.inductor_compile
-
-        def broken(gm: torch.fx.GraphModule, example_inputs: list[Any], config: dict[str, Any]) -> Any:
-            if not _is_op_graph(gm):
-                raise RuntimeError("inductor broke on Dynamo's graph")
-            return compile_(gm, example_inputs, config)
-
-        monkeypatch.setattr(_torch_compat, "inductor_compile", broken)
+        break_inductor_on_dynamos_graph(monkeypatch)
     else:
         def broken_timing(executor: Any, inductor: Any, graphs: bool = False) -> Any:
             executor(), inductor()
             raise RuntimeError("timing broke")
 
         monkeypatch.setattr(_choices, "time_both", broken_timing)
-    torch.manual_seed(0)
-    model = eval_model(MLP())
-    x = torch.randn(4, 16)
-    compiled = torch.compile(model, backend="trtrtx", options=options(tmp_path))
-    with recording() as graphs, caplog.at_level(logging.INFO, logger="rtx_backend"):
-        calls(compiled, model, x, 3)
-    (region,) = [r for g in graphs for r in g.regions]
+    compiled, model, x, region = three_calls_of_an_mlp(tmp_path, caplog)
     assert region.fastest is None and region.kind == "onnxruntime"
     lines = [r.getMessage() for r in caplog.records if "whole Dynamo graph" in r.getMessage()]
     assert len(lines) == 1 and "trtrtx's compiled graph runs it" in lines[0], lines
@@ -235,14 +242,7 @@ def test_inductor_failing_on_the_whole_graph_keeps_trtrtx(tmp_path, monkeypatch,
 
 
 def test_strict_raises_where_inductor_fails_on_the_whole_graph(tmp_path, monkeypatch):
-    compile_ = _torch_compat.inductor_compile
-
-    def broken(gm: torch.fx.GraphModule, example_inputs: list[Any], config: dict[str, Any]) -> Any:
-        if not _is_op_graph(gm):
-            raise RuntimeError("inductor broke on Dynamo's graph")
-        return compile_(gm, example_inputs, config)
-
-    monkeypatch.setattr(_torch_compat, "inductor_compile", broken)
+    break_inductor_on_dynamos_graph(monkeypatch)
     torch.manual_seed(0)
     model = eval_model(MLP())
     compiled = torch.compile(model, backend="trtrtx", options=options(tmp_path, strict=True))
@@ -254,9 +254,9 @@ def test_strict_raises_where_inductor_fails_on_the_whole_graph(tmp_path, monkeyp
 @pytest.mark.gpu
 @pytest.mark.parametrize("graphs", ["disabled", "whole_graph_capture"])
 def test_gpu_one_region_against_inductor_on_the_whole_graph(tmp_path, graphs):
-    """On the GPU, inductor's CUDA graphs included (both candidates are cudagraph-tree functions
-    with whole_graph_capture; time_both may then fall back to plain calls): timed for real, kept,
-    recorded, and every call right."""
+    """On the GPU, inductor's CUDA graphs included (with whole_graph_capture both sides are timed
+    as replays of graphs of their own, compiled without inductor's graphs): timed for real, kept,
+    recorded, every call right, and the CUDA generator usable after (torch.randn each call)."""
     torch.manual_seed(0)
     model = eval_model(MLP(), torch.float16, "cuda")
     compiled = torch.compile(model, backend="trtrtx", options={
