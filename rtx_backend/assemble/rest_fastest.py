@@ -102,6 +102,9 @@ class GraphChooser:
         self.source_gm: tuple[torch.fx.GraphModule, list[Any]] | None = self.source  # (for the timing's compiles)
         self.inductor: Callable[..., Any] | None = None
         self.fn = trtrtx  # what runs the calls once decided
+        # once inductor's code for Dynamo's graph is kept: it reads the weights the call passes,
+        # so the weight guard (assemble/weights.py) updates no region when they change
+        self.reads_live_weights = False
         self.pending = True
         # (what compile_rest's function holds for the region op's table: the region calls)
         self.trtrtx_regions = getattr(trtrtx, "trtrtx_regions", None)
@@ -189,6 +192,7 @@ class GraphChooser:
         if keep:
             assert self.inductor is not None
             self.fn = self.inductor
+            self.reads_live_weights = True
             region.why = text
             _stats.count("rest_inductor_graphs_chosen")
         else:

@@ -248,11 +248,14 @@ class WeightGuard:
             if unfit:
                 self._to_pytorch(unfit, by_index, old)
                 return True
-            for i in changed:
-                if by_index[i] is not old[i]:
-                    self._rebind(i, by_index[i])
-            for module in _regions(self.roots):
-                self._update(module, set(changed))
+            # (a function that reads the live weights, as inductor's code for Dynamo's graph does
+            # once option fastest keeps it, leaves the regions it no longer runs as they are)
+            if not getattr(self.fn, "reads_live_weights", False):
+                for i in changed:
+                    if by_index[i] is not old[i]:
+                        self._rebind(i, by_index[i])
+                for module in _regions(self.roots):
+                    self._update(module, set(changed))
             replaced = any(a is not t for a, t in zip(weights, self.tensors))
             self.tensors, self.versions = tuple(weights), versions
             if replaced:
