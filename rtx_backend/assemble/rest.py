@@ -218,6 +218,8 @@ class _RegionRunner:
             self.compiled = module.graph_module
             if module.executor.kind != "pytorch":
                 self.use_inductor = False
+                if module.fastest is not None:  # the decision for inductor is void: the executor runs it
+                    module.fastest, module.why = None, ""
                 return self._module(*args)
             return module.graph_module(*args)
 

@@ -346,6 +346,40 @@ def test_fastest_keeps_the_faster_and_records_it_beside_the_engine(tmp_path, mon
         assert all("inductor's code for it takes 1.000 ms" in r.why for r in rec.regions)
 
 
+def test_fastest_choice_of_inductor_is_void_when_its_code_fails(tmp_path, monkeypatch, caplog):
+    """A region recorded as faster in inductor's code, whose inductor code then fails: the executor
+    runs it, and the recording says so (not "inductor")."""
+    from rtx_backend.run import choices as _choices
+
+    monkeypatch.setattr(_choices, "time_both", lambda *a, **k: _choices.Timing(executor_ms=2.0, inductor_ms=1.0))
+    torch.manual_seed(0)
+    model = eval_model(WithEagerOp())
+    options = {**BASE, "engine_cache_dir": str(tmp_path), "fastest": True, "torch_executed_ops": ["aten.sigmoid"]}
+    x = torch.randn(4, 16)
+    with torch.no_grad():
+        for _ in range(3):
+            torch.compile(model, backend="trtrtx", options=options)(x)
+    torch._dynamo.reset()  # a new process: the decision comes from the record, and inductor's code breaks
+    compile_ = torch.compile
+
+    def compile_breaking_inductor(fn, *args, backend="inductor", **kwargs):
+        if backend != "inductor":
+            return compile_(fn, *args, backend=backend, **kwargs)
+
+        def broken(*a):
+            raise RuntimeError("inductor broke on the region")
+        return broken
+
+    monkeypatch.setattr(torch, "compile", compile_breaking_inductor)
+    compiled = compile_(model, backend="trtrtx", options=options)
+    with torch.no_grad(), rtx_backend.recording() as rec, caplog.at_level(logging.WARNING, logger="rtx_backend"):
+        for _ in range(3):
+            torch.testing.assert_close(compiled(x), model(x), atol=1e-4, rtol=1e-4)
+    assert "inductor broke on the region" in caplog.text
+    assert rec.regions and {r.runtime for r in rec.regions} == {"ONNX Runtime"}
+    assert all(r.fastest is None and "inductor" not in r.why for r in rec.regions)
+
+
 def test_fastest_times_for_real_and_keeps_correct_results(tmp_path):
     from rtx_backend.run import choices as _choices
 
