@@ -14,7 +14,7 @@ private-looking module name).
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any
 
@@ -101,11 +101,40 @@ def treespec_loads(text: str) -> Any:
 # ---- inductor ----------------------------------------------------------------------------------
 
 
-def inductor_compile(gm: torch.fx.GraphModule, example_inputs: list[Any], options: dict[str, Any]) -> Any:
+def inductor_compile(gm: torch.fx.GraphModule, example_inputs: list[Any], options: dict[str, Any],
+                     static: Sequence[int] = ()) -> Any:
     """torch._inductor.compile (compile_fx, what backend="inductor" runs) on a graph we made: the
     rest of a partitioned graph, its regions as op calls. torch.compile would trace it again with
-    Dynamo inside our own backend call; no public entry point takes an FX graph."""
-    return importlib.import_module("torch._inductor").compile(gm, example_inputs, options=options)
+    Dynamo inside our own backend call; no public entry point takes an FX graph.
+
+    `static`: positions in `example_inputs` of tensors that keep their address (the weights:
+    `static_inputs`). Inductor's CUDA graphs read those in place and copy every other input into
+    the graph's own memory on each replay. For Dynamo's graphs inductor learns them from Dynamo's
+    metadata on the graph, which a graph we made does not carry, so they are given to its inner
+    compile here (after the inputs aot_autograd lifts from the graph itself, which come first)."""
+    if not static:
+        return importlib.import_module("torch._inductor").compile(gm, example_inputs, options=options)
+    compile_fx = importlib.import_module("torch._inductor.compile_fx")
+    users = len(example_inputs)
+
+    def inner_compile(graph: torch.fx.GraphModule, inputs: Sequence[Any], **kwargs: Any) -> Any:
+        lifted = len(inputs) - users
+        if lifted >= 0:
+            known = kwargs.get("static_input_idxs") or ()
+            kwargs["static_input_idxs"] = sorted({*known, *range(lifted), *(lifted + i for i in static)})
+        return compile_fx.compile_fx_inner(graph, inputs, **kwargs)
+
+    # (AOTAutograd's cache would serve a graph compiled without them: its key knows nothing of the
+    # inner compile's arguments; inductor's own FX graph cache below it keys on them)
+    with importlib.import_module("torch._functorch.config").patch(enable_autograd_cache=False):
+        return compile_fx.compile_fx(gm, example_inputs, inner_compile=inner_compile, config_patches=options)
+
+
+def static_inputs(example_inputs: Sequence[Any]) -> list[int]:
+    """Positions of the inputs Dynamo marked static (weights and buffers of the modules it inlines,
+    `torch._dynamo.mark_static_address`): what inductor's CUDA graphs need not copy."""
+    return [i for i, t in enumerate(example_inputs)
+            if isinstance(t, torch.Tensor) and getattr(t, "_dynamo_static_input_type", None)]
 
 
 # ---- Dynamo, aot_autograd, fake tensors, symbolic shapes ---------------------------------------

@@ -123,7 +123,8 @@ def compile_rest(
     try:
         op_gm, calls = as_op_graph(gm, functools.partial(_runner, options=options))
         _unfreeze(op_gm)
-        compiled = _torch_compat.inductor_compile(op_gm, list(example_inputs), _config(options))
+        compiled = _torch_compat.inductor_compile(op_gm, list(example_inputs), _config(options),
+                                                  _torch_compat.static_inputs(example_inputs))
     except _torch_compat.dynamo_exc().TorchDynamoException:
         raise  # Dynamo's control flow (a restart: inductor tensorifies float scalars): not a failure
     except Exception as exc:

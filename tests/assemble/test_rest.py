@@ -91,6 +91,31 @@ def test_gemms_kept_in_pytorch_run_in_inductor():
     assert rtx_backend.stats()["rest_inductor_graphs"] == 1
 
 
+@pytest.mark.parametrize("kept", [[], ["aten.addmm", "aten.mm"]], ids=["all-lowered", "gemms-in-rest"])
+def test_inductor_reads_the_weights_in_place(monkeypatch, kept):
+    """Inductor's CUDA graphs copy each input not known to be static into their own memory on every
+    replay; for Dynamo's graphs inductor knows the weights from Dynamo's metadata. The rest's
+    graph, which we made, is compiled with the weights marked static all the same: every
+    parameter's input, and nothing else."""
+    from torch._inductor import compile_fx
+
+    seen: list[tuple[list[int], list[Any]]] = []
+    inner = compile_fx.compile_fx_inner
+
+    def recording_inner(gm: torch.fx.GraphModule, inputs: list[Any], **kwargs: Any) -> Any:
+        seen.append((list(kwargs.get("static_input_idxs") or ()), list(inputs)))
+        return inner(gm, inputs, **kwargs)
+
+    monkeypatch.setattr(compile_fx, "compile_fx_inner", recording_inner)
+    torch.manual_seed(0)
+    model = eval_model(MLP())
+    run(model, [torch.randn(4, 16)], torch_executed_ops=kept)
+    (static, inputs), = seen
+    shapes = {tuple(p.shape) for p in model.parameters()}
+    assert static and all(tuple(inputs[i].shape) in shapes for i in static)
+    assert [tuple(t.shape) for i, t in enumerate(inputs) if i not in static] == [(4, 16)]
+
+
 def test_dynamic_shapes_compile_once():
     torch.manual_seed(0)
     model = Block().eval()
@@ -212,7 +237,10 @@ def test_inductor_failing_on_the_rest_is_one_warning_and_pytorch(monkeypatch, ca
     def broken(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("inductor broke")
 
+    from torch._inductor import compile_fx
+
     monkeypatch.setattr(torch._inductor, "compile", broken)
+    monkeypatch.setattr(compile_fx, "compile_fx", broken)  # (the entry point where weights are marked static)
     torch.manual_seed(0)
     model = eval_model(WithEagerOp())
     with caplog.at_level(logging.WARNING, logger="rtx_backend"):

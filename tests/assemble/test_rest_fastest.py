@@ -55,8 +55,9 @@ class Counts:
             self.ort += 1
             return ort_run(executor, args, tensors, shapes)
 
-        def counting_compile(gm: torch.fx.GraphModule, example_inputs: list[Any], config: dict[str, Any]) -> Any:
-            compiled = compile_(gm, example_inputs, config)
+        def counting_compile(gm: torch.fx.GraphModule, example_inputs: list[Any], config: dict[str, Any],
+                             *static: Any) -> Any:
+            compiled = compile_(gm, example_inputs, config, *static)
             if _is_op_graph(gm):
                 return compiled
 
@@ -217,10 +218,10 @@ def break_inductor_on_dynamos_graph(monkeypatch: pytest.MonkeyPatch) -> None:
     """Inductor raises on Dynamo's graph, and compiles the partitioned graph (the op graph) as ever."""
     compile_ = _torch_compat.inductor_compile
 
-    def broken(gm: torch.fx.GraphModule, example_inputs: list[Any], config: dict[str, Any]) -> Any:
+    def broken(gm: torch.fx.GraphModule, example_inputs: list[Any], config: dict[str, Any], *static: Any) -> Any:
         if not _is_op_graph(gm):
             raise RuntimeError("inductor broke on Dynamo's graph")
-        return compile_(gm, example_inputs, config)
+        return compile_(gm, example_inputs, config, *static)
 
     monkeypatch.setattr(_torch_compat, "inductor_compile", broken)
 
