@@ -180,10 +180,13 @@ def _stale_temps(kind: str, directory: Path) -> list[tuple[Path, int]]:
 
 
 def _version(distribution: str) -> str | None:
+    """The installed distribution's version; for a module imported from the path without package
+    metadata (a wheel unpacked onto PYTHONPATH, say), its __version__ and so; None if neither."""
     try:
         return metadata.version(distribution)
     except metadata.PackageNotFoundError:
-        return None
+        version = getattr(sys.modules.get(distribution.replace("-", "_")), "__version__", None)
+        return f"{version} (imported from the path, no package metadata)" if version else None
 
 
 # ---- text ---------------------------------------------------------------------------------------

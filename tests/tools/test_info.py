@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import types
 from importlib import metadata
 
 import pytest
@@ -49,6 +50,25 @@ def test_info_prints_versions_gpu_targets_and_caches(tmp_path):
     if not torch.cuda.is_available():
         assert "GPU:           none: no CUDA GPU visible to torch" in text
     assert out.stderr == ""  # nothing else, no warnings
+
+
+def test_info_names_a_module_on_the_path_without_package_metadata(monkeypatch):
+    """A package imported from PYTHONPATH without its metadata is not "not installed"."""
+    from rtx_backend.tools import info as _info
+
+    found = metadata.version
+
+    def version(name: str) -> str:
+        if name == "onnxscript":
+            raise metadata.PackageNotFoundError(name)
+        return found(name)
+
+    monkeypatch.setattr(_info.metadata, "version", version)
+    monkeypatch.setitem(sys.modules, "onnxscript", types.SimpleNamespace(__version__="9.8.7"))
+    text = _info.render(_info.collect(probe=False))
+    assert "onnxscript    9.8.7 (imported from the path, no package metadata)" in text
+    monkeypatch.delitem(sys.modules, "onnxscript")
+    assert "onnxscript    not installed" in _info.render(_info.collect(probe=False))
 
 
 def test_info_without_tensorrt_rtx_says_so(tmp_path):
