@@ -257,9 +257,8 @@ class _RegionRunner:
         module = self.module
         module.fastest = _choices.Decision(module.kind, timing, source)
         self.use_inductor = module.chosen == "inductor"
-        how = {"cached": "recorded", "measured": "timed"}[source]
         text = (f"inductor's code for it takes {timing.inductor_ms:.3f} ms a call and {module.kind} "
-                f"{timing.executor_ms:.3f} ms on this GPU ({how})")
+                f"{timing.executor_ms:.3f} ms on this GPU ({module.fastest.how})")
         if self.use_inductor:
             module.why = text
             _stats.count("rest_inductor_regions_chosen")

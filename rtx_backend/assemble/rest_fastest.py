@@ -98,8 +98,8 @@ class GraphChooser:
         self.replayable = replayable  # trtrtx's graph without inductor's CUDA graphs, for timing (None: not needed)
         self.region = region
         self.options = options
+        # Dynamo's graph and inputs, for inductor's compiles, until decided (`_release`)
         self.source: tuple[torch.fx.GraphModule, list[Any]] | None = (gm, list(example_inputs))
-        self.source_gm: tuple[torch.fx.GraphModule, list[Any]] | None = self.source  # (for the timing's compiles)
         self.inductor: Callable[..., Any] | None = None
         self.fn = trtrtx  # what runs the calls once decided
         # once inductor's code for Dynamo's graph is kept: it reads the weights the call passes,
@@ -111,8 +111,11 @@ class GraphChooser:
         known = _choices.recorded(options, region.engine_key, SCOPE)
         if known is not None:
             self.pending = False
-            if _choices.Decision(region.kind, known, "cached", SCOPE).kept != "inductor" or self._compiled():
-                self._decide(known, "cached")
+            decision = _choices.Decision(region.kind, known, "cached", SCOPE)
+            if decision.kept != "inductor" or self._compiled():
+                self._decide(decision)
+            else:
+                self._release()
 
     def __call__(self, *args: Any) -> Any:
         if not self.pending:
@@ -120,7 +123,8 @@ class GraphChooser:
         outputs = self.trtrtx(*args)
         region = self.region
         if region.executor.kind == "pytorch":  # fell back (validation, a failing executor): nothing to time
-            self.pending, self.source = False, None
+            self.pending = False
+            self._release()
         elif (not region.validate or region.checked is region.executor) and not capturing(args):
             return self._choose(args, outputs)
         return outputs
@@ -138,8 +142,11 @@ class GraphChooser:
                 log.info("trtrtx: region %s: inductor could not compile the whole Dynamo graph (%s: %s); "
                          "trtrtx's compiled graph runs it", self.region.name, type(exc).__name__, exc)
                 log.debug("trtrtx: inductor failed on the whole graph", exc_info=exc)
-            self.source = None
         return self.inductor
+
+    def _release(self) -> None:
+        """Drop what only deciding needed: Dynamo's graph and inputs, trtrtx's graph for timing."""
+        self.source = self.replayable = None
 
     def _choose(self, args: Sequence[Any], outputs: Any) -> Any:
         """Time both on this call's inputs, keep the faster; this call's outputs from the one kept
@@ -154,12 +161,14 @@ class GraphChooser:
             if not isinstance(exc, _Logged):
                 log.info("trtrtx: region %s: not timed against inductor on the whole Dynamo graph (%s: %s); "
                          "trtrtx's compiled graph runs it", region.name, type(exc).__name__, exc)
-            self.inductor, self.source, self.source_gm, self.replayable = None, None, None, None
+            self.inductor = None
+            self._release()
             return self.trtrtx(*args)
-        if _choices.Decision(region.kind, timing, "measured", SCOPE).kept == "inductor" and self._compiled() is None:
-            self.source_gm = self.replayable = None
+        decision = _choices.Decision(region.kind, timing, "measured", SCOPE)
+        if decision.kept == "inductor" and self._compiled() is None:
+            self._release()
             return self.trtrtx(*args)  # (inductor's code with its CUDA graphs failed to compile: logged)
-        self._decide(timing, "measured")
+        self._decide(decision)
         _choices.record(self.options, region.engine_key, timing, SCOPE)
         return self.fn(*args)
 
@@ -174,21 +183,20 @@ class GraphChooser:
                 raise _Logged  # (_compiled said why)
             inductor(*args)  # (a first call: inductor's warm-up, or its failure, before anything is timed)
             return _choices.time_both(lambda: self.trtrtx(*args), lambda: inductor(*args))
-        assert self.source_gm is not None
-        gm, example_inputs = self.source_gm
+        assert self.source is not None
+        gm, example_inputs = self.source
         trtrtx = self.replayable()
         plain = _rest.inductor_graph(gm, example_inputs, dataclasses.replace(self.options, cuda_graph_strategy="disabled"),
                                      counted=False)
         plain(*args)
         return _choices.time_both(lambda: trtrtx(*args), lambda: plain(*args), graphs=True)
 
-    def _decide(self, timing: _choices.Timing, source: str) -> None:
-        region = self.region
-        region.fastest = _choices.Decision(region.kind, timing, source, SCOPE)
+    def _decide(self, decision: _choices.Decision) -> None:
+        region, timing = self.region, decision.timing
+        region.fastest = decision
         keep = region.chosen == "inductor"
-        how = {"cached": "recorded", "measured": "timed"}[source]
         text = (f"inductor's code for the whole Dynamo graph takes {timing.inductor_ms:.3f} ms a call and the "
-                f"graph with this region on {region.kind} {timing.executor_ms:.3f} ms on this GPU ({how})")
+                f"graph with this region on {region.kind} {timing.executor_ms:.3f} ms on this GPU ({decision.how})")
         if keep:
             assert self.inductor is not None
             self.fn = self.inductor
@@ -197,7 +205,6 @@ class GraphChooser:
             _stats.count("rest_inductor_graphs_chosen")
         else:
             self.inductor = None  # (not kept: its code is dropped)
-        self.source = self.source_gm = None
-        self.replayable = None
+        self._release()
         log.info("trtrtx: region %s: %s: %s", region.name, text,
                  "inductor's code for the whole graph runs it" if keep else f"{region.kind} runs the region")

@@ -56,6 +56,11 @@ class Decision:
         """The faster: "inductor" or the executor's kind (a tie keeps the executor)."""
         return "inductor" if self.timing.inductor_ms < self.timing.executor_ms else self.executor
 
+    @property
+    def how(self) -> str:
+        """How the log says it was decided: "recorded" (cached) or "timed" (measured)."""
+        return "recorded" if self.source == "cached" else "timed"
+
 
 def time_both(executor: Callable[[], Any], inductor: Callable[[], Any], graphs: bool = False) -> Timing:
     """Median milliseconds per call of each, in interleaved rounds (CUDA events on a GPU).
