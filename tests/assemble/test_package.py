@@ -107,14 +107,20 @@ def _gpu_targets():
     return None  # this GPU (ComputeCapability.CURRENT): the H200 (SM 9.0) is no declared target
 
 
-@pytest.mark.gpu
-def test_gpu_package_runs_on_tensorrt_rtx_and_widens(tmp_path):
+def _gpu_package(tmp_path, batch=4, **save_kwargs):
+    """The test net in FP16 on the GPU, an input of `batch`, and the path of its package, saved
+    for this GPU (`save_kwargs`: onnx, dynamic_shapes)."""
     model = net().cuda().half()
-    x = torch.randn(4, 3, 16, 16, device="cuda", dtype=torch.half)
+    x = torch.randn(batch, 3, 16, 16, device="cuda", dtype=torch.half)
     path = tmp_path / "gpu.pt2"
     rtx_backend.save(model, (x,), path, options={"min_block_size": 1, "engine_cache_dir": None,
-                                                 "target_compute_capabilities": _gpu_targets()},
-                     dynamic_shapes={"x": {0: (1, 4, 8)}})
+                                                 "target_compute_capabilities": _gpu_targets()}, **save_kwargs)
+    return model, x, path
+
+
+@pytest.mark.gpu
+def test_gpu_package_runs_on_tensorrt_rtx_and_widens(tmp_path):
+    model, _, path = _gpu_package(tmp_path, dynamic_shapes={"x": {0: (1, 4, 8)}})
     module = rtx_backend.load(path)
     kinds = [m.kind for m in module.modules() if hasattr(m, "executor")]
     assert kinds and set(kinds) == {"tensorrt_rtx"}, kinds
@@ -126,11 +132,7 @@ def test_gpu_package_runs_on_tensorrt_rtx_and_widens(tmp_path):
 
 @pytest.mark.gpu
 def test_gpu_fresh_process_runs_the_package_on_tensorrt_rtx_without_the_compiler(tmp_path):
-    model = net().cuda().half()
-    x = torch.randn(4, 3, 16, 16, device="cuda", dtype=torch.half)
-    path = tmp_path / "gpu.pt2"
-    rtx_backend.save(model, (x,), path, options={"min_block_size": 1, "engine_cache_dir": None,
-                                                 "target_compute_capabilities": _gpu_targets()})
+    _, _, path = _gpu_package(tmp_path)
     code = (
         "import sys, torch, rtx_backend\n"
         "x = torch.randn(4, 3, 16, 16, device='cuda', dtype=torch.half)\n"
@@ -147,12 +149,7 @@ def test_gpu_fresh_process_runs_the_package_on_tensorrt_rtx_without_the_compiler
 
 @pytest.mark.gpu
 def test_gpu_package_without_onnx_refuses_shapes_outside_the_profile(tmp_path):
-    model = net().cuda().half()
-    x = torch.randn(4, 3, 16, 16, device="cuda", dtype=torch.half)
-    path = tmp_path / "gpu.pt2"
-    rtx_backend.save(model, (x,), path, onnx=False, dynamic_shapes={"x": {0: (1, 4, 8)}},
-                     options={"min_block_size": 1, "engine_cache_dir": None,
-                              "target_compute_capabilities": _gpu_targets()})
+    _, x, path = _gpu_package(tmp_path, onnx=False, dynamic_shapes={"x": {0: (1, 4, 8)}})
     module = rtx_backend.load(path)
     with torch.no_grad():
         module(x)
@@ -162,13 +159,10 @@ def test_gpu_package_without_onnx_refuses_shapes_outside_the_profile(tmp_path):
 
 @pytest.mark.gpu
 def test_gpu_package_steady_state_latency_matches_the_compiled_model(tmp_path):
-    model = net().cuda().half()
-    x = torch.randn(8, 3, 16, 16, device="cuda", dtype=torch.half)
-    options = {"min_block_size": 1, "target_compute_capabilities": _gpu_targets()}
-    path = tmp_path / "gpu.pt2"
-    rtx_backend.save(model, (x,), path, options={**options, "engine_cache_dir": None})
+    model, x, path = _gpu_package(tmp_path, batch=8)
     loaded = rtx_backend.load(path)
-    compiled = torch.compile(model, backend="trtrtx", options={**options, "weights": "frozen"})
+    compiled = torch.compile(model, backend="trtrtx", options={
+        "min_block_size": 1, "target_compute_capabilities": _gpu_targets(), "weights": "frozen"})
 
     def median_us(fn):
         with torch.inference_mode():
