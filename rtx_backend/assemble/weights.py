@@ -322,7 +322,7 @@ def update_region(
         region = with_weights(onnx, values)
         engine: Any = None
         if isinstance(executor, TrtExecutor):
-            if executor.refit(values, lambda name: initializer_value(onnx, name)):
+            if executor.refit(values, lambda name: initializer_value(onnx, name), region.source):
                 action, how, engine = "refit", "engine refitted", executor.serialized()
             else:
                 profile = module.profile.profile if module.profile is not None else {}

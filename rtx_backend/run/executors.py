@@ -28,6 +28,7 @@ from .. import _torch_compat, _trt
 from .._errors import CudaGraphError, RtxBackendError, RuntimeUnavailableError
 from .._options import Options
 from .._types import EngineData, OnnxRegion
+from ..export.model import OnnxModel, as_bytes, host_bytes
 from ..run import runtime_cache as _runtime_cache
 
 log = logging.getLogger("rtx_backend")
@@ -483,12 +484,18 @@ class TrtExecutor(Executor):
             b.memory = memory
 
     def refit(self, weights: dict[str, torch.Tensor],
-              constant: Callable[[str], torch.Tensor | None] = lambda name: None) -> bool:
+              constant: Callable[[str], torch.Tensor | None] = lambda name: None,
+              model: bytes | OnnxModel | None = None) -> bool:
         """Give the engine new weights (ONNX initializer name -> tensor) with TensorRT-RTX's
         refitter; False where it cannot (an engine built without REFIT, a weight it wants and
         is not given, a refit that fails): the caller then builds the engine again. `constant`:
         the value of another initializer of the model, which the refitter may ask for too
         (a constant the builder combined with a weight).
+
+        Where the engine holds weights by names the model does not have (the ONNX parser
+        combined them: a BatchNormalization's four tensors become one scale and shift), `model`,
+        the region's model with the new weights, is given to TensorRT-RTX's ONNX parser
+        refitter, which combines them as the parser did.
 
         Calls wait (the executor's lock) and the GPU finishes the calls already enqueued, which
         read the old weights. The contexts read the engine's weights, refitted; the context of
@@ -522,17 +529,22 @@ class TrtExecutor(Executor):
 
             refittable = set(refitter.get_all_weights())
             absent = sorted(n for n in weights if n not in refittable)
-            if absent:  # not refittable in this engine (folded into something else?): it would stay stale
-                log.debug("trtrtx: region %s: weights %s are not refittable in its engine", self.name, absent[:5])
-                return False
-            for name, tensor in weights.items():  # (the model's other initializers: constants, kept)
-                if not give(name, tensor):
+            if absent:  # combined by the parser into weights of other names: its refitter combines them again
+                log.debug("trtrtx: region %s: weights %s are not refittable in its engine by name", self.name,
+                          absent[:5])
+                kept = _refit_from_model(refitter, model, self.name) if model is not None else None
+                if kept is None:
                     return False
-            for name in refitter.get_missing_weights():
-                value = constant(name) if name else None
-                if value is None or not give(name, value):
-                    log.debug("trtrtx: region %s: the refitter also wants %r", self.name, name)
-                    return False
+                held.extend(kept)
+            else:
+                for name, tensor in weights.items():  # (the model's other initializers: constants, kept)
+                    if not give(name, tensor):
+                        return False
+                for name in refitter.get_missing_weights():
+                    value = constant(name) if name else None
+                    if value is None or not give(name, value):
+                        log.debug("trtrtx: region %s: the refitter also wants %r", self.name, name)
+                        return False
             if not refitter.refit_cuda_engine():
                 log.debug("trtrtx: region %s: refit_cuda_engine failed: %s", self.name, errors)
                 return False
@@ -563,3 +575,31 @@ class TrtExecutor(Executor):
                 "once its specialised kernels are compiled; the first calls at a new shape run uncaptured",
                 self.name,
             )
+
+
+def _refit_from_model(refitter: Any, model: bytes | OnnxModel, name: str) -> list[Any] | None:
+    """Set every weight of `refitter`'s engine from the ONNX model it was parsed from, with new
+    values, through TensorRT-RTX's ONNX parser refitter (the weights the parser combined are
+    combined again); returns what must stay alive until the refit is done (the parser refitter,
+    which owns the combined weights, and the host copies it points the refitter to), or None
+    where this TensorRT-RTX has no such refitter or it fails."""
+    trt = _trt.trt()
+    parser_refitter = getattr(trt, "OnnxParserRefitter", None)
+    if parser_refitter is None:
+        return None
+    parser = parser_refitter(refitter, _trt.logger())
+    held: list[Any] = [parser]
+    if isinstance(model, OnnxModel) and model.skeleton is not None and hasattr(parser, "load_model_proto"):
+        ok = bool(parser.load_model_proto(model.skeleton))
+        for initializer, tensor in model.weights.items() if ok else ():
+            address, size, owner = host_bytes(tensor)
+            held.append(owner)
+            ok = ok and bool(parser.load_initializer(initializer, address, size))
+        ok = ok and bool(parser.refit_model_proto())
+    else:
+        ok = bool(parser.refit_from_bytes(as_bytes(model)))
+    if not ok:
+        log.debug("trtrtx: region %s: the ONNX parser refitter failed: %s", name,
+                  [str(parser.get_error(i)) for i in range(parser.num_errors)])
+        return None
+    return held
