@@ -4,12 +4,11 @@
     python bench/refit.py --models resnet50     # one model
     python bench/refit.py --smoke               # CPU: a small MLP, ONNX Runtime path (runs anywhere)
 
-For each model, two compiles from empty caches: engines built refittable (the default of
-weights="checked") and engines built as for frozen weights (`rtx_backend.assemble.region.REFITS.builds`
-off). Each measures its cold build (the first call: export, build, first run), the call time of
+For each model, two compiles from empty caches: weights="refit" (engines built refittable) and
+weights="checked", the default (engines built as for frozen weights). Each measures its cold build (the first call: export, build, first run), the call time of
 its engine (interleaved rounds, CUDA events), and the first call after every weight changed in
 place: a refit for the first, a rebuild for the second. The results after the change are
-compared with eager PyTorch. Results go to bench/results/<date>-<gpu>-refit.json and .md.
+compared with eager PyTorch. Results go to bench/results/<date>-<gpu>-<TensorRT-RTX>-refit.json and .md.
 """
 
 from __future__ import annotations
@@ -69,16 +68,15 @@ def timed_call(fn: Any, x: torch.Tensor) -> tuple[float, torch.Tensor]:
 def variant(name: str, factory: Any, shape: tuple[int, ...], dtype: torch.dtype, refittable: bool,
             cache_dir: str) -> dict[str, Any]:
     import rtx_backend
-    from rtx_backend.assemble import region as _region
 
     torch.manual_seed(0)
     model = factory().eval().to(bench.DEVICE, dtype).requires_grad_(False)
     x = torch.randn(shape, device=bench.DEVICE, dtype=dtype)
     options = {"min_block_size": 1, "engine_cache_dir": str(Path(cache_dir) / f"{name}-{refittable}"),
-               "runtime_cache_path": str(Path(cache_dir) / f"{name}-{refittable}.cache")}
+               "runtime_cache_path": str(Path(cache_dir) / f"{name}-{refittable}.cache"),
+               "weights": "refit" if refittable else "checked"}
     if not bench.CUDA:
         options["target_compute_capabilities"] = [(8, 6)]
-    _region.REFITS.builds = refittable
     rtx_backend.reset_stats()
     fn = torch.compile(model, backend="trtrtx", dynamic=False, options=options)
     cold, _ = timed_call(fn, x)
@@ -96,7 +94,6 @@ def variant(name: str, factory: Any, shape: tuple[int, ...], dtype: torch.dtype,
     rows["stats"] = {k: v for k, v in rtx_backend.stats().items() if k.startswith(("weight_", "engine_"))}
     rows["fn"] = fn
     rows["x"] = x
-    _region.REFITS.builds = True
     return rows
 
 
@@ -141,8 +138,7 @@ def main() -> None:
     results: dict[str, Any] = {"env": bench.environment(), "models": {}}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    gpu = results["env"].get("gpu", "cpu").replace(" ", "-")
-    stem = out / f"{results['env']['date']}-{gpu}-refit{'-smoke' if smoke else ''}"
+    stem = bench.result_path("refit-smoke" if smoke else "refit", results["env"], out).with_suffix("")
     for name, (factory, shape, dtype) in table.items():
         print(f"-- {name} {shape} {dtype}", flush=True)
         rows = [variant(name, factory, shape, dtype, refittable, cache_dir) for refittable in (True, False)]
@@ -162,7 +158,7 @@ def save(results: dict[str, Any], stem: Path) -> str:
     stem.with_name(stem.name + ".md").write_text(
         f"# {stem.name}\n\n```\n{json.dumps(results['env'], indent=1)}\n```\n\n{text}\n\n"
         "refit / cold build: the second change's time over the cold build's. Engines that are not "
-        "refittable are built again on every change.\n")
+        "refittable (weights=\"checked\") are built again on every change.\n")
     return text
 
 

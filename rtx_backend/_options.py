@@ -25,7 +25,7 @@ from ._types import Target
 RUNTIMES = ("auto", "tensorrt_rtx", "onnxruntime")
 SPECIALIZATION_STRATEGIES = ("lazy", "eager", "none")
 CUDA_GRAPH_STRATEGIES = ("disabled", "whole_graph_capture")
-WEIGHT_MODES = ("checked", "frozen")
+WEIGHT_MODES = ("checked", "refit", "frozen")
 RESTS = ("auto", "pytorch", "inductor")
 MAX_DIM = 2**31 - 1  # TensorRT-RTX dimensions are int32
 
@@ -85,10 +85,13 @@ class Options:
     """tqdm progress bar on long engine builds (only when attached to a terminal)."""
     optimize_onnx: bool = True
     """Run the ONNX exporter's optimizer (constant folding; the parser needs it for some ops)."""
-    weights: Literal["checked", "frozen"] = "checked"
+    weights: Literal["checked", "refit", "frozen"] = "checked"
     """checked: every call checks that the weights the engines froze are the model's (same
-    tensors, not changed in place) and refits the engines when they are not; frozen: no check,
-    the engines answer with the weights of compile time (for deployment). See docs/weights.md."""
+    tensors, not changed in place) and builds the engines of changed weights again when they are
+    not; refit: the same check, with engines built refittable and refitted instead (on TensorRT-RTX
+    a refittable build can be slower, its engine too, and a refit slower than a build: see
+    docs/weights.md); frozen: no check, the engines answer with the weights of compile time (for
+    deployment)."""
     rest: Literal["auto", "pytorch", "inductor"] = "auto"
     """What runs the graph outside the regions: pytorch (eager, as it comes from lowering),
     inductor (the graph compiled by inductor, regions as calls of the trtrtx::region op; a graph

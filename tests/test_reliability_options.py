@@ -78,7 +78,7 @@ BAD_VALUES = [
     ("progress", "no", "True or False"),
     ("optimize_onnx", 0, "True or False"),
     ("dump_onnx_dir", 1.5, "path string"),
-    ("weights", "refit", "checked"),
+    ("weights", "refitted", "checked"),
     ("weights", True, "frozen"),
     ("rest", "tvm", "['auto', 'pytorch', 'inductor']"),
     ("rest", None, "inductor"),

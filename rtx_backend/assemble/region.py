@@ -149,7 +149,7 @@ def widened_engine(onnx_region: OnnxRegion, options: Options, base: Key | None, 
 def build_for(model: bytes | OnnxModel | Network, options: Options, profile: Profile) -> EngineData:
     """An engine for the region's model and a profile (also when a call fell outside the first one)."""
     targets = options.target_compute_capabilities
-    refittable = (checked(options) and REFITS.builds and torch.cuda.is_available()
+    refittable = (options.weights == "refit" and REFITS.builds and torch.cuda.is_available()
                   and targets not in REFITS.refused)
     with build_progress(options) as monitor:
         if refittable:
@@ -165,13 +165,11 @@ def build_for(model: bytes | OnnxModel | Network, options: Options, profile: Pro
 
 
 class Refits:
-    """How engines of checked weights are built, for the whole process.
+    """How engines of weights="refit" are built, for the whole process.
 
-    `builds`: engines of checked weights are built refittable (where a GPU is present:
-    TensorRT-RTX's builder needs one for a refittable engine), so that a weight change is a
-    refit. Where refittable engines run slower (bench/refit.py measures it), set it False:
-    engines are then built as for frozen weights, and a weight change builds the region's engine
-    again.
+    `builds`: they are built refittable (where a GPU is present: TensorRT-RTX's builder needs one
+    for a refittable engine), so that a weight change is a refit; False: as for frozen weights,
+    and a weight change builds the region's engine again (what weights="checked" does).
 
     `refused`: the targets (None: this GPU) for which a refittable build failed in this process
     (TensorRT-RTX 1.6 on an SM 9.0 GPU, off its list, fails every one in Myelin: "target_sm '90'
@@ -187,5 +185,6 @@ REFITS = Refits()  # tests give the module a fresh one
 
 
 def checked(options: Options) -> bool:
-    """Whether the weights are checked on every call (and the regions kept refittable)."""
-    return options.weights == "checked"
+    """Whether the weights are checked on every call (and each frozen weight kept an initializer
+    of its own in the region's model, so that new values replace it by name)."""
+    return options.weights != "frozen"

@@ -75,7 +75,7 @@ def guard_weights(
     """`fn` behind a weight check (options.weights == "checked" and a weight was frozen), else
     `fn`. `eager`: Dynamo's graph, run when a weight changes in a way no engine can follow;
     `overrides`: the dynamic-shape overrides, for a region that must be built again."""
-    if options.weights != "checked" or not roots:
+    if options.weights == "frozen" or not roots:
         return fn
     used = sorted({i for root in roots for i in _frozen_uses(root)
                    if i < len(example_inputs) and is_weight(example_inputs[i])})

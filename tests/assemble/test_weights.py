@@ -324,9 +324,11 @@ def test_weights_changing_while_other_threads_call():
 def test_the_option_is_validated():
     assert Options.from_dict({"weights": "Frozen"}).weights == "frozen"
     assert Options().weights == "checked"
+    assert Options.from_dict({"weights": "refit"}).weights == "refit"
     with pytest.raises(OptionsError, match="checked"):
-        Options.from_dict({"weights": "refit"})
-    assert Options(weights="checked").cache_key_fields() != Options(weights="frozen").cache_key_fields()
+        Options.from_dict({"weights": "refitted"})
+    keys = [str(Options(weights=w).cache_key_fields()) for w in ("checked", "refit", "frozen")]
+    assert len(set(keys)) == 3  # (the engines of the three differ: refittable, or the weights folded)
 
 
 # ---- on a GPU: TensorRT-RTX's refitter -------------------------------------------------------------
@@ -355,8 +357,8 @@ def needs_refittable_engines() -> None:
                     "weight changes rebuild, which the other GPU tests check")
 
 
-def gpu_options(native: bool) -> dict:
-    return {"min_block_size": 1, "runtime": "tensorrt_rtx",
+def gpu_options(native: bool, weights: str = "refit") -> dict:
+    return {"min_block_size": 1, "runtime": "tensorrt_rtx", "weights": weights,
             "cuda_graph_strategy": "whole_graph_capture" if native else "disabled"}
 
 
@@ -415,11 +417,22 @@ def test_gpu_a_refitted_engine_is_cached_under_its_new_weights():
 
 
 @pytest.mark.gpu
-def test_gpu_an_engine_that_is_not_refittable_is_rebuilt(monkeypatch, caplog):
-    monkeypatch.setattr(_region, "REFITS", _region.Refits(builds=False))
+@pytest.mark.parametrize("weights", ["checked", "refit"])
+def test_gpu_an_engine_that_is_not_refittable_is_rebuilt(weights, monkeypatch, caplog):
+    """weights="checked" (the default) builds no refittable engine: a change builds it again; so
+    does weights="refit" where the build of a refittable engine is turned off."""
+    monkeypatch.setattr(_region, "REFITS", _region.Refits(builds=weights == "checked"))
+    built: list[bool] = []
+    build = _region.build
+
+    def watched(*args, refittable=False, **kwargs):
+        built.append(refittable)
+        return build(*args, refittable=refittable, **kwargs)
+
+    monkeypatch.setattr(_region, "build", watched)
     model = mlp().cuda()
     x = torch.randn(8, 6, device="cuda")
-    compiled = torch.compile(model, backend="trtrtx", options=gpu_options(False))
+    compiled = torch.compile(model, backend="trtrtx", options=gpu_options(False, weights))
     with torch.no_grad():
         compiled(x)
         model[0].weight.mul_(2.0)
@@ -427,6 +440,7 @@ def test_gpu_an_engine_that_is_not_refittable_is_rebuilt(monkeypatch, caplog):
         assert diff(compiled, model, x) < 1e-3
     assert rtx_backend.stats().get("weight_rebuilds") == 1
     assert any("not refittable" in r.getMessage() for r in caplog.records)
+    assert built == [False, False]
 
 
 def warm_up(compiled, x, calls: int = 3) -> None:
@@ -498,16 +512,17 @@ def test_a_refittable_build_that_fails_is_not_tried_again_for_the_same_targets(m
     monkeypatch.setattr(_region, "build", fake_build)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(_region, "REFITS", _region.Refits())
-    options = Options.from_dict({"target_compute_capabilities": [(8, 6)], "progress": False})
+    options = Options.from_dict({"target_compute_capabilities": [(8, 6)], "weights": "refit", "progress": False})
     with caplog.at_level(logging.INFO, logger="rtx_backend"):
         for _ in range(3):
             assert bytes(_region.build_for(b"onnx", options, {})) == b"engine"
     assert tried == [True, False, False, False]
     assert sum("builds no refittable engine" in r.getMessage() for r in caplog.records) == 1
-    frozen = Options.from_dict({"target_compute_capabilities": [(8, 6)], "weights": "frozen", "progress": False})
-    tried.clear()
-    _region.build_for(b"onnx", frozen, {})
-    assert tried == [False]  # frozen weights: never refittable
+    for weights in ("frozen", "checked"):  # never refittable
+        tried.clear()
+        _region.build_for(b"onnx", Options.from_dict({"target_compute_capabilities": [(8, 6)], "weights": weights,
+                                                      "progress": False}), {})
+        assert tried == [False]
 
 
 # ---- the check while the GPU runs: enqueue first, check after ------------------------------------
