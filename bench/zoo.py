@@ -422,6 +422,7 @@ def cpu_main(args: argparse.Namespace) -> int:
                       f"lowered {row.get('lowered_nodes', '-')}/{row.get('lowered_nodes', 0) + row.get('eager_nodes', 0)} "
                       f"regions {row.get('regions', '-')} {'; '.join(row['problems']) or 'ok'}", flush=True)
     env = _environment()
+    Path(args.out).mkdir(parents=True, exist_ok=True)
     stem = Path(args.out) / f"{env['date']}-cpu-{_short(env.get('tensorrt_rtx'))}-zoo{args.tag}"
     _file(stem, ".json").write_text(json.dumps({"env": env, "rows": rows}, indent=1))
     lines = ["| model | dtype | targets | s | lowered | in PyTorch (rules) | regions | problems |", "|" + "---|" * 8]
@@ -557,6 +558,7 @@ def gpu_main(args: argparse.Namespace) -> int:
     plan = gpu_plan([n for n in names if n not in skipped], [getattr(torch, d) for d in args.dtypes.split(",")],
                     args.batches)
     env = _environment()
+    Path(args.out).mkdir(parents=True, exist_ok=True)
     stem = Path(args.out) / f"{env['date']}-{env.get('gpu', 'cpu').replace(' ', '-')}-{_short(env.get('tensorrt_rtx'))}-zoo{args.tag}"
     results: dict[str, Any] = {"env": env, "backends": ["eager", "inductor", "inductor-ro", "torch_tensorrt",
                                                         "trtrtx", "trtrtx-cg"], "configs": []}
