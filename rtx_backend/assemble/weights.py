@@ -159,7 +159,8 @@ class WeightGuard:
         self.overlap: bool | None = None
         self.on_cuda = any(t.is_cuda for t in self.tensors)  # (a capture is possible: checked per call)
         # the constant each index is frozen as (the object to rebind when a parameter is replaced)
-        self.frozen = {i: _find_constant(roots, i) for i in used}
+        found = _all_constants(roots)
+        self.frozen = {i: found.get(i) for i in used}
 
     def _track(self, weights: Sequence[torch.Tensor], versions: dict[int, int] | None = None) -> None:
         """Count versions of these weights (`versions`: as read before, by index), except
@@ -263,12 +264,12 @@ class WeightGuard:
             return True
 
     def _update(self, module: RegionModule, changed: set[int]) -> None:
-        names = {i: EXPORTED_AS + t for t in _constant_targets(module.graph_module) if (i := frozen_index(t)) is not None}
-        if not changed.intersection(names):
+        constants = _constants(module.graph_module)
+        if not changed.intersection(constants):
             return
-        values = {name: _fetch(module.graph_module, i) for i, name in names.items()}
+        values = {EXPORTED_AS + target: value for target, value in constants.values() if value is not None}
         try:
-            update_region(module, {n: v for n, v in values.items() if v is not None}, self.options, self.overrides)
+            update_region(module, values, self.options, self.overrides)
         except Exception as exc:  # never a stale answer: PyTorch runs the region with the live weights
             if self.options.strict:
                 raise
@@ -505,8 +506,20 @@ def _regions(roots: Sequence[torch.nn.Module]) -> list[RegionModule]:
     return [m for m in _graph_modules(roots) if isinstance(m, RegionModule)]
 
 
-def _constant_targets(gm: torch.fx.GraphModule) -> list[str]:
-    return [str(n.target) for n in gm.graph.nodes if n.op == "get_attr" and frozen_index(str(n.target)) is not None]
+def _constants(gm: torch.fx.GraphModule) -> dict[int, tuple[str, torch.Tensor | None]]:
+    """The frozen constants `gm`'s graph reads: Dynamo input index -> (attribute path, tensor or
+    None), in one pass over its get_attr nodes (the first path of an index is kept)."""
+    found: dict[int, tuple[str, torch.Tensor | None]] = {}
+    for node in gm.graph.find_nodes(op="get_attr"):
+        target = str(node.target)
+        index = frozen_index(target)
+        if index is None or index in found:
+            continue
+        value: Any = gm
+        for part in target.split("."):
+            value = getattr(value, part, None)
+        found[index] = (target, value if isinstance(value, torch.Tensor) else None)
+    return found
 
 
 def _frozen_uses(root: torch.nn.Module) -> set[int]:
@@ -514,24 +527,17 @@ def _frozen_uses(root: torch.nn.Module) -> set[int]:
     uses: set[int] = set()
     for module in _graph_modules([root]):
         if isinstance(module, torch.fx.GraphModule):
-            uses.update(i for t in _constant_targets(module) if (i := frozen_index(t)) is not None)
+            uses.update(_constants(module))
     return uses
 
 
-def _fetch(gm: torch.nn.Module, index: int) -> torch.Tensor | None:
-    for target in _constant_targets(gm):  # type: ignore[arg-type]
-        if frozen_index(target) == index:
-            value: Any = gm
-            for part in target.split("."):
-                value = getattr(value, part, None)
-            return value if isinstance(value, torch.Tensor) else None
-    return None
-
-
-def _find_constant(roots: Sequence[torch.nn.Module], index: int) -> torch.Tensor | None:
+def _all_constants(roots: Sequence[torch.nn.Module]) -> dict[int, torch.Tensor]:
+    """Each frozen constant under `roots` by its Dynamo input index (the first graph's, where
+    several graphs read it)."""
+    found: dict[int, torch.Tensor] = {}
     for module in _graph_modules(roots):
         if isinstance(module, torch.fx.GraphModule):
-            value = _fetch(module, index)
-            if value is not None:
-                return value
-    return None
+            for index, (_, value) in _constants(module).items():
+                if value is not None:
+                    found.setdefault(index, value)
+    return found
