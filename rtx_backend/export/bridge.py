@@ -28,6 +28,7 @@ from .._errors import BuildError
 from .._log import say_once
 from .._types import OnnxRegion, TensorSpec
 from ..export.model import OnnxModel
+from ..export.optimize import optimize as optimize_program
 from ..export.rewrite import transposes_into_gemm
 from ..lower.lowering import _FUSED_ATTENTION, unfusable, views_to_reshapes
 
@@ -409,7 +410,8 @@ def _to_onnx(
 ) -> Any:
     """torch.onnx.export of the exported program, through lower/registry.py (which skips the registry
     rebuild of every public call) where this torch's private exporter API allows; weight
-    transposes are folded into Gemm flags before the exporter's optimizer runs (export/rewrite.py).
+    transposes are folded into Gemm flags before the exporter's optimizer runs (export/rewrite.py),
+    which runs with its multi-node rewrite rules anchored (export/optimize.py).
 
     With `keep_weights`, the frozen weights are graph inputs while the optimizer runs: it folds
     constants only, so a BatchNormalization stays one (TensorRT-RTX fuses it into the convolution
@@ -424,7 +426,7 @@ def _to_onnx(
         kept = [v for n, v in graph.initializers.items() if FROZEN.search(n)] if keep_weights else []
         graph.inputs.extend(kept)
         try:
-            program.optimize()
+            optimize_program(program)
         finally:
             for value in kept:
                 if value in graph.inputs:

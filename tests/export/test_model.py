@@ -229,3 +229,17 @@ def test_gpu_engine_from_weights_by_pointer_matches_eager(monkeypatch, dtype):
         torch.testing.assert_close(y, model(x), atol=tol, rtol=tol)
     assert taken == [True] and [r.kind for r in regions()] == ["tensorrt_rtx"]
     assert isinstance(regions()[0].onnx.source, OnnxModel) and regions()[0].onnx.source.weights
+
+
+def test_a_model_larger_than_protobuf_serializes_is_refused_before_any_copy(monkeypatch):
+    class Huge:  # a weight's size only: nothing may read its bytes
+        nbytes = _onnx_model.PROTOBUF_LIMIT
+
+    def copied(*args):
+        raise AssertionError("the model was serialized")
+
+    monkeypatch.setattr(_onnx_model, "fill", copied)
+    model = _onnx_model.OnnxModel(skeleton=b"skeleton", weights={"w": Huge()})
+    with pytest.raises(ValueError, match="larger than the 2 GiB"):
+        model.serialize()
+    assert model.size() == _onnx_model.PROTOBUF_LIMIT + len(b"skeleton")
