@@ -1,4 +1,4 @@
-"""Weights that change after compile: never a stale result, and a refit instead of a rebuild.
+"""Weights that change after compile: never a stale result; the engine built again, or refitted.
 
 Lowering freezes parameters and buffers into the regions (ONNX initializers, engine weights),
 yet Dynamo passes them to the compiled graph on every call. `WeightGuard` wraps the compiled
@@ -12,11 +12,12 @@ moves its own weights' versions.
 On a change, every region that froze a changed weight is brought up to date before the call
 runs: the weights stay ONNX initializers under their own names (the bridge keeps them out of
 constant folding, `export_region(keep_weights=True)`), so the new values replace them by name:
-TensorRT-RTX's refitter refits the engine (its own fusions, e.g. BatchNorm into a convolution,
-are redone by the refitter), ONNX Runtime gets a new session, and the refitted engine is stored
-in the engine cache under the key of the new weights, so that a process compiling the fine-tuned
-model finds it. An engine that is not refittable is rebuilt from the updated model; a region whose
-model lacks a weight's initializer is exported and built again. PyTorch's parts of the graph
+the engine is built again from the updated model (weights="checked"), or refitted by
+TensorRT-RTX's refitter (weights="refit"; the weights its ONNX parser combined, e.g. BatchNorm
+into a scale, through its ONNX parser refitter), ONNX Runtime gets a new session, and the new
+engine is stored in the engine cache under the key of the new weights, so that a process
+compiling the fine-tuned model finds it. A region whose model lacks a weight's initializer is
+exported and built again. PyTorch's parts of the graph
 read the live weights (the frozen tensors share their storage), so only a replaced tensor is
 rebound there. A weight replaced by a tensor of another shape, dtype or device makes the graph
 run in PyTorch from then on, with a warning (Dynamo's guards normally recompile first).
@@ -229,9 +230,9 @@ class WeightGuard:
         if _capturing(args):
             if not self.capture_said:
                 self.capture_said = True
-                log.warning("trtrtx: the weights changed before a CUDA graph capture, which cannot refit the "
+                log.warning("trtrtx: the weights changed before a CUDA graph capture, which cannot refit or build "
                             "engines: the captured call runs in PyTorch. Call the compiled model once outside "
-                            "the capture after changing weights (torch.cuda.graph's warm-up) to refit them first.")
+                            "the capture after changing weights (torch.cuda.graph's warm-up) to update them first.")
             return False
         with self.lock:  # concurrent calls wait here, then find the weights up to date
             weights = self.pick(args)
