@@ -46,6 +46,7 @@ from ..export.model import OnnxModel
 from ..lower.lowering import is_weight
 from ..run.executors import OrtExecutor, TorchExecutor, TrtExecutor, stream_capturing
 from ..run.region import RegionModule, picker
+from .region import checked
 
 log = logging.getLogger("rtx_backend")
 
@@ -73,10 +74,10 @@ def guard_weights(
     options: Options,
     overrides: Callable[[], dict[str, Any]],
 ) -> Callable[..., Any]:
-    """`fn` behind a weight check (options.weights == "checked" and a weight was frozen), else
+    """`fn` behind a weight check (weights checked, `region.checked`, and a weight was frozen), else
     `fn`. `eager`: Dynamo's graph, run when a weight changes in a way no engine can follow;
     `overrides`: the dynamic-shape overrides, for a region that must be built again."""
-    if options.weights == "frozen" or not roots:
+    if not checked(options) or not roots:
         return fn
     used = sorted({i for root in roots for i in _frozen_uses(root)
                    if i < len(example_inputs) and is_weight(example_inputs[i])})

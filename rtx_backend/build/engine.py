@@ -52,7 +52,7 @@ def parse_network(model: bytes | OnnxModel) -> Network:
     data = as_bytes(model)
     builder, network, parser = _parser()
     ok = parser.parse(data)
-    return Network(builder, network, parser, [], [] if ok else _errors(parser))
+    return Network(builder, network, parser, [], [] if ok else parser_errors(parser))
 
 
 def parse(model: bytes | OnnxModel | Network) -> Network:
@@ -75,20 +75,30 @@ def _parse_weightless(model: OnnxModel) -> Network | None:
     """The skeleton plus each weight by pointer; None where the parser will not load them (the
     caller then parses the serialized model)."""
     builder, network, parser = _parser()
-    weights: list[Any] = []
-    if not hasattr(parser, "load_model_proto") or not parser.load_model_proto(model.skeleton):
+    weights = load_weightless(parser, model)
+    if weights is None:
         return None
+    ok = parser.parse_model_proto()
+    return Network(builder, network, parser, weights, [] if ok else parser_errors(parser))
+
+
+def load_weightless(parser: Any, model: OnnxModel) -> list[Any] | None:
+    """Give `parser` (TensorRT-RTX's ONNX parser, or its ONNX parser refitter) the model's skeleton
+    and each weight by pointer. Returns the host copies it points into (keep them alive until it
+    is done with them), or None where it will not load them."""
+    if model.skeleton is None or not hasattr(parser, "load_model_proto") or not parser.load_model_proto(model.skeleton):
+        return None
+    owners: list[Any] = []
     for name, tensor in model.weights.items():
         address, size, owner = host_bytes(tensor)
-        weights.append(owner)
+        owners.append(owner)
         if not parser.load_initializer(name, address, size):
-            log.debug("trtrtx: the parser would not load initializer %s by pointer: %s", name, _errors(parser))
+            log.debug("trtrtx: the parser would not load initializer %s by pointer: %s", name, parser_errors(parser))
             return None
-    ok = parser.parse_model_proto()
-    return Network(builder, network, parser, weights, [] if ok else _errors(parser))
+    return owners
 
 
-def _errors(parser: Any) -> list[str]:
+def parser_errors(parser: Any) -> list[str]:
     return [str(parser.get_error(i)) for i in range(parser.num_errors)]
 
 

@@ -28,7 +28,8 @@ from .. import _torch_compat, _trt
 from .._errors import CudaGraphError, RtxBackendError, RuntimeUnavailableError
 from .._options import Options
 from .._types import EngineData, OnnxRegion
-from ..export.model import OnnxModel, as_bytes, host_bytes
+from ..build.engine import load_weightless, parser_errors
+from ..export.model import OnnxModel, as_bytes
 from ..run import runtime_cache as _runtime_cache
 
 log = logging.getLogger("rtx_backend")
@@ -590,16 +591,12 @@ def _refit_from_model(refitter: Any, model: bytes | OnnxModel, name: str) -> lis
     parser = parser_refitter(refitter, _trt.logger())
     held: list[Any] = [parser]
     if isinstance(model, OnnxModel) and model.skeleton is not None and hasattr(parser, "load_model_proto"):
-        ok = bool(parser.load_model_proto(model.skeleton))
-        for initializer, tensor in model.weights.items() if ok else ():
-            address, size, owner = host_bytes(tensor)
-            held.append(owner)
-            ok = ok and bool(parser.load_initializer(initializer, address, size))
-        ok = ok and bool(parser.refit_model_proto())
+        weights = load_weightless(parser, model)
+        held.extend(weights or ())
+        ok = weights is not None and bool(parser.refit_model_proto())
     else:
         ok = bool(parser.refit_from_bytes(as_bytes(model)))
     if not ok:
-        log.debug("trtrtx: region %s: the ONNX parser refitter failed: %s", name,
-                  [str(parser.get_error(i)) for i in range(parser.num_errors)])
+        log.debug("trtrtx: region %s: the ONNX parser refitter failed: %s", name, parser_errors(parser))
         return None
     return held
