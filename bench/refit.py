@@ -5,10 +5,11 @@
     python bench/refit.py --smoke               # CPU: a small MLP, ONNX Runtime path (runs anywhere)
 
 For each model, two compiles from empty caches: weights="refit" (engines built refittable) and
-weights="checked", the default (engines built as for frozen weights). Each measures its cold build (the first call: export, build, first run), the call time of
-its engine (interleaved rounds, CUDA events), and the first call after every weight changed in
-place: a refit for the first, a rebuild for the second. The results after the change are
-compared with eager PyTorch. Results go to bench/results/<date>-<gpu>-<TensorRT-RTX>-refit.json and .md.
+weights="checked", the default (engines built as for frozen weights). Each measures its cold
+build (the first call: export, build, first run), the call time of its engine (interleaved
+rounds, CUDA events), and the first call after every weight changed in place: a refit for the
+first, a rebuild for the second. The results after the change are compared with eager PyTorch.
+Results go to bench/results/<date>-<gpu>-<TensorRT-RTX>-refit.json and .md.
 """
 
 from __future__ import annotations
