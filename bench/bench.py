@@ -647,7 +647,9 @@ def table(results: dict[str, Any]) -> str:
     lines += ["", "Peak MB: the GPU memory that compiling and the first calls took, above where it stood before "
               "(device: the driver's count, TensorRT-RTX's and other runtimes' own memory included; in brackets, "
               "PyTorch's allocator alone). Earlier results (`peak MB`) counted PyTorch's allocator alone, "
-              "from zero.",
+              "from zero. Cold compile: the first call, compile included; in brackets, trtrtx's seconds in "
+              "its stages (ONNX export, screen, engine build, runtime setup, first-call validation), where "
+              "measured; the rest is Dynamo, AOTAutograd, partitioning and the first run.",
               "", "| model | shape | dtype | backend | cold compile s | peak MB device (torch) | max err vs fp32 | engine builds "
               "| regions (in PyTorch) |", "|---|---|---|---|---|---|---|---|---|"]
     for c in results["configs"]:
@@ -656,10 +658,18 @@ def table(results: dict[str, Any]) -> str:
                 lines.append(f"| {c['model']} | {tuple(c['shape'])} | {c['dtype']} | {b} | error: {row['error'][:80]} | | | | |")
                 continue
             mem = memory_cell(row)
-            lines.append(f"| {c['model']} | {tuple(c['shape'])} | {c['dtype']} | {b} | {row['cold_compile_s']:.2f} | "
+            lines.append(f"| {c['model']} | {tuple(c['shape'])} | {c['dtype']} | {b} | {cold_cell(row)} | "
                          f"{mem} | {row['max_err_vs_fp32']:.2e} | {row.get('engine_builds') if row.get('engine_builds') is not None else '-'} | "
                          f"{row.get('regions') if row.get('regions') is not None else '-'} ({row.get('regions_in_pytorch', '-')}) |")
     return "\n".join(lines)
+
+
+def cold_cell(row: dict[str, Any]) -> str:
+    """Cold compile seconds, with trtrtx's stages (`stage_s`) in brackets where they were measured;
+    the rest of the time is Dynamo's trace, AOTAutograd, partitioning and the first run."""
+    stages = row.get("stage_s")
+    split = f" ({', '.join(f'{k} {v:.1f}' for k, v in stages.items())})" if stages else ""
+    return f"{row['cold_compile_s']:.2f}{split}"
 
 
 def memory_cell(row: dict[str, Any]) -> str:

@@ -15,6 +15,7 @@ package is not needed to compile. Import it for the tools:
     stats(), reset_stats()                  event counters: compiles, engine builds, cache hits
     preload()                               pay one-time costs up front (a server's start-up)
     save_runtime_cache()                    write TensorRT-RTX's JIT kernel cache now
+    wait_for_updates()                      wait until engines have the weights changed since compile
     save(model, inputs, path, options=...)  a .pt2 of the compiled model (engines inside)
     load(path)                              that .pt2, checked, ready to run (no trace, no build)
 
@@ -42,6 +43,7 @@ from ._options import Options
 from ._stats import reset_stats
 from .assemble import package_op as _package_op  # noqa: F401  (registers the trtrtx::engine op)
 from .assemble.package import load
+from .assemble.updates import wait_for_updates
 from .cache import store as _store
 from .lower import decompositions as _decompositions
 from .tools.recording import EagerRecord, FastestRecord, GraphRecord, Recording, RegionRecord, recording
@@ -122,4 +124,5 @@ __all__ = [
     "save_runtime_cache",
     "stats",
     "trtrtx",
+    "wait_for_updates",
 ]

@@ -26,6 +26,7 @@ RUNTIMES = ("auto", "tensorrt_rtx", "onnxruntime")
 SPECIALIZATION_STRATEGIES = ("lazy", "eager", "none")
 CUDA_GRAPH_STRATEGIES = ("disabled", "whole_graph_capture")
 WEIGHT_MODES = ("checked", "refit", "frozen")
+WEIGHT_UPDATES = ("background", "wait")
 RESTS = ("auto", "pytorch", "inductor")
 MAX_DIM = 2**31 - 1  # TensorRT-RTX dimensions are int32
 
@@ -92,6 +93,11 @@ class Options:
     a refittable build can be slower, its engine too, and a refit slower than a build: see
     docs/weights.md); frozen: no check, the engines answer with the weights of compile time (for
     deployment)."""
+    weight_update: Literal["background", "wait"] = "background"
+    """How a region takes weights that changed (weights checked or refit): background: PyTorch
+    runs the region with the new weights at once, while its engine is built again (or refitted)
+    on a background thread, and the engine takes over once ready (rtx_backend.wait_for_updates()
+    waits for it); wait: the call that saw the change waits for the engine. strict=True waits."""
     rest: Literal["auto", "pytorch", "inductor"] = "auto"
     """What runs the graph outside the regions: pytorch (eager, as it comes from lowering),
     inductor (the graph compiled by inductor, regions as calls of the trtrtx::region op; a graph
@@ -389,6 +395,7 @@ _VALIDATORS: dict[str, Any] = {
     "progress": _bool,
     "optimize_onnx": _bool,
     "weights": _choice(WEIGHT_MODES),
+    "weight_update": _choice(WEIGHT_UPDATES),
     "rest": _choice(RESTS),
     "fastest": _bool,
 }

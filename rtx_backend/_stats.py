@@ -1,4 +1,6 @@
-"""Process-wide event counters (backend calls, engine builds, cache hits), for tests and benchmarks.
+"""Process-wide event counters (backend calls, engine builds, cache hits) and the milliseconds
+spent in each compile stage (`<stage>_ms`: export, screen, build, runtime, validate), for tests,
+benchmarks and the compile log.
 
 They live on one object, `COUNTERS`; `reset_stats()` zeroes it, and a test may give the module a
 fresh `Counters()`."""
@@ -6,7 +8,12 @@ fresh `Counters()`."""
 from __future__ import annotations
 
 import collections
+import contextlib
 import threading
+import time
+from collections.abc import Iterator
+
+STAGES = ("export", "screen", "build", "runtime", "validate")  # in pipeline order, for the log
 
 
 class Counters:
@@ -34,6 +41,22 @@ COUNTERS = Counters()
 
 def count(event: str, n: int = 1) -> None:
     COUNTERS.count(event, n)
+
+
+@contextlib.contextmanager
+def stage(name: str) -> Iterator[None]:
+    """Add the block's wall time to the counter `<name>_ms` (also when it raises)."""
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        count(f"{name}_ms", round((time.perf_counter() - start) * 1e3))
+
+
+def stage_split(before: dict[str, int], after: dict[str, int]) -> str:
+    """The stages' seconds between two snapshots, for a log line: "export 2.1s, build 1.4s"."""
+    spent = {s: (after.get(f"{s}_ms", 0) - before.get(f"{s}_ms", 0)) / 1e3 for s in STAGES}
+    return ", ".join(f"{s} {v:.2f}s" for s, v in spent.items() if v >= 0.005)
 
 
 def stats() -> dict[str, int]:

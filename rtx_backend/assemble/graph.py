@@ -47,8 +47,9 @@ def compile_graph(
     built, cached = (after.get(k, 0) - before.get(k, 0) for k in ("engine_builds", "engine_cache_hits"))
     log.info(
         "trtrtx: compiled a graph in %.2fs: %d region(s) %s, %d engine(s) built, %d loaded from cache, "
-        "%d op(s) left in PyTorch",
+        "%d op(s) left in PyTorch (%s)",
         seconds, len(modules), [m.kind for m in modules], built, cached, len(plan.eager_ops),
+        _stats.stage_split(before, after) or "no stage took 5 ms",
     )
     return direct_forward(gm)
 

@@ -44,7 +44,8 @@ def compile_region(
         if options.dump_onnx_dir:
             dump_region(name, onnx_region, options.dump_onnx_dir)
         device = region_device(reference)
-        executor = choose_executor(name, onnx_region, engine, options, device)
+        with _stats.stage("runtime"):
+            executor = choose_executor(name, onnx_region, engine, options, device)
     except Exception as exc:  # a bug of ours or of a library must not break the user's model
         if isinstance(exc, RegionRefused):
             raise  # compile_regions partitions again without the refused nodes
@@ -108,7 +109,8 @@ def export_and_build(
     where the engine came from ("engine cache", "built", or "" for none).
     No engine (and an empty profile) where none can be built or none is wanted."""
     if not (_targets.can_build(options) and options.runtime != "onnxruntime"):
-        return export_region(region_gm, optimize=options.optimize_onnx, keep_weights=checked(options)), None, {}, None, ""
+        with _stats.stage("export"):
+            return export_region(region_gm, optimize=options.optimize_onnx, keep_weights=checked(options)), None, {}, None, ""
     cache = EngineCache.for_options(options)
     inputs = input_specs(region_gm)
     key = cache.key(region_gm, make_profile(inputs, overrides, options), options) if cache else None
@@ -117,9 +119,11 @@ def export_and_build(
         assert cache is not None and key is not None
         return hit.region, hit.engine, hit.profile, Validation(cache, key), "engine cache"
     fx_names = [n.name for n in region_gm.graph.nodes if n.op == "call_function"]
-    onnx_region = export_region(region_gm, optimize=options.optimize_onnx, keep_weights=checked(options))  # edits region_gm
-    network = parse_network(onnx_region.source)  # parsed once: for the screen's verdict and the build
-    check_region(onnx_region.source, fx_names, _targets.policy_targets(options), network=network)  # may raise RegionRefused
+    with _stats.stage("export"):
+        onnx_region = export_region(region_gm, optimize=options.optimize_onnx, keep_weights=checked(options))  # edits region_gm
+    with _stats.stage("screen"):
+        network = parse_network(onnx_region.source)  # parsed once: for the screen's verdict and the build
+        check_region(onnx_region.source, fx_names, _targets.policy_targets(options), network=network)  # may raise RegionRefused
     profile = make_profile(onnx_region.inputs, overrides, options)
     engine = build_for(network, options, profile)
     _stats.count("engine_builds")
@@ -151,7 +155,7 @@ def build_for(model: bytes | OnnxModel | Network, options: Options, profile: Pro
     targets = options.target_compute_capabilities
     refittable = (options.weights == "refit" and REFITS.builds and torch.cuda.is_available()
                   and targets not in REFITS.refused)
-    with build_progress(options) as monitor:
+    with _stats.stage("build"), build_progress(options) as monitor:
         if refittable:
             try:
                 return build(model, targets, profile, monitor=monitor, refittable=True).data

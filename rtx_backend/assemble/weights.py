@@ -47,6 +47,7 @@ from ..lower.lowering import is_weight
 from ..run.executors import OrtExecutor, TorchExecutor, TrtExecutor, stream_capturing
 from ..run.region import RegionModule, picker
 from .region import checked
+from .updates import UPDATES
 
 log = logging.getLogger("rtx_backend")
 
@@ -160,6 +161,7 @@ class WeightGuard:
         # whether the graph itself moves its weights' versions
         self.overlap: bool | None = None
         self.on_cuda = any(t.is_cuda for t in self.tensors)  # (a capture is possible: checked per call)
+        self.installs = UPDATES.installs  # the background updates installed when this last checked first
         # the constant each index is frozen as (the object to rebind when a parameter is replaced)
         found = _all_constants(roots)
         self.frozen = {i: found.get(i) for i in used}
@@ -194,8 +196,11 @@ class WeightGuard:
             return False
 
     def __call__(self, *args: Any) -> Any:
-        if self.overlap and not (self.on_cuda and stream_capturing()):
+        # (not while an engine put in place by a background update is new: its first run is
+        # validated, which must see the weights it was built with, so they are checked first)
+        if self.overlap and self.installs == UPDATES.installs and not (self.on_cuda and stream_capturing()):
             return self.run_then_check(args)
+        self.installs = UPDATES.installs
         if not self.same(args) and not self.refresh(args):
             return self.eager(*args)
         out = self.fn(*args)
@@ -278,7 +283,10 @@ class WeightGuard:
             log.warning("trtrtx: region %s: its weights changed and it could not take the new ones (%s: %s); "
                         "it runs in PyTorch from now on", module.name, type(exc).__name__, exc)
             log.debug("trtrtx: region %s: weight update failed", module.name, exc_info=exc)
-            module.executor = TorchExecutor(module.graph_module)
+            with UPDATES.swap:  # an update of older weights still under way must not be installed
+                module.generation += 1
+                module.updating = None
+                module.executor = TorchExecutor(module.graph_module)
             _stats.count("weight_fallbacks")
 
     def _rebind(self, index: int, tensor: torch.Tensor) -> None:
@@ -308,10 +316,9 @@ def update_region(
     module: RegionModule, values: dict[str, torch.Tensor], options: Options, overrides: Callable[[], dict[str, Any]]
 ) -> str:
     """Give one region the weights `values` (initializer name -> tensor, every weight it froze);
-    returns what was done: "refit", "rebuild" or "" (PyTorch runs it: nothing to do)."""
-    from . import region as _region
-
-    executor = module.executor
+    returns what was done: "refit", "rebuild", "background" (under way on the update thread,
+    PyTorch runs the region meanwhile: see updates.py) or "" (PyTorch runs it: nothing to do)."""
+    executor = module.updating or module.executor  # (the engine's, also while an update is under way)
     if isinstance(executor, TorchExecutor) or module.onnx is None:
         return ""
     start = time.perf_counter()
@@ -319,46 +326,103 @@ def update_region(
     specs = initializer_specs(onnx)
     unmatched = sorted(n for n, t in values.items() if specs.get(n) != _spec(t))
     if unmatched:
+        with UPDATES.swap:  # an update under way is overtaken
+            module.generation += 1
+            module.updating = None
         _rebuild_region(module, options, overrides())
-        action, how = "rebuild", f"exported and built again: its model has no initializer for {unmatched[:3]}"
-    else:
-        region = with_weights(onnx, values)
-        engine: Any = None
-        if isinstance(executor, TrtExecutor):
-            if executor.refit(values, lambda name: initializer_value(onnx, name), region.source):
-                action, how, engine = "refit", "engine refitted", executor.serialized()
-            else:
-                profile = module.profile.profile if module.profile is not None else {}
-                engine = _region.build_for(region.source, options, profile)
-                module.executor = TrtExecutor(engine, region, options, module.name)
-                action, how = "rebuild", "engine built again (it is not refittable)"
-        else:
-            module.executor = OrtExecutor(region)
-            action, how = "refit", "ONNX Runtime session made with the new weights"
-        module.onnx = region
-        _restore(module, region, engine, options)
+        return _done(module, "rebuild", f"exported and built again: its model has no initializer for {unmatched[:3]}",
+                     start)
+    region = with_weights(onnx, values)  # a snapshot: the weights may change again while it is built
+    if options.weight_update == "wait" or options.strict:
+        with UPDATES.swap:
+            module.generation += 1
+            module.updating = None
+        action, how, new, engine = _take(module, executor, onnx, region, values, options)
+        _install(module, region, new, engine, options)
+        return _done(module, action, how, start)
+    with UPDATES.swap:
+        module.generation += 1
+        generation = module.generation
+        module.updating = executor
+        module.executor = TorchExecutor(module.graph_module)
+        module.why = "its weights changed: PyTorch runs it until its engine has the new ones"
+    UPDATES.submit(lambda: _in_background(module, generation, executor, onnx, region, values, options, start))
+    return "background"
+
+
+def _take(module: RegionModule, executor: Any, onnx: OnnxRegion, region: OnnxRegion, values: dict[str, torch.Tensor],
+          options: Options) -> tuple[str, str, Any, Any]:
+    """The region's executor with the weights of `region`: (action, how, executor, engine)."""
+    from . import region as _region
+
+    if isinstance(executor, TrtExecutor):
+        if executor.refit(values, lambda name: initializer_value(onnx, name), region.source):
+            return "refit", "engine refitted", executor, executor.serialized()
+        profile = module.profile.profile if module.profile is not None else {}
+        engine = _region.build_for(region.source, options, profile)
+        return "rebuild", "engine built again (it is not refittable)", TrtExecutor(engine, region, options,
+                                                                                    module.name), engine
+    return "refit", "ONNX Runtime session made with the new weights", OrtExecutor(region), None
+
+
+def _in_background(module: RegionModule, generation: int, executor: Any, onnx: OnnxRegion, region: OnnxRegion,
+                   values: dict[str, torch.Tensor], options: Options, start: float) -> None:
+    """One update on the update thread: skipped or dropped if a later change overtook it."""
+    if module.generation != generation:
+        _stats.count("weight_updates_overtaken")
+        return
+    try:
+        action, how, new, engine = _take(module, executor, onnx, region, values, options)
+        if isinstance(new, TrtExecutor):
+            new.ready()  # its contexts made here, not on the next call
+    except Exception as exc:  # PyTorch runs the region already: it goes on doing so
+        with UPDATES.swap:
+            if module.generation != generation:
+                return
+            module.updating = None
+            module.why = f"its weights changed and it could not take the new ones ({type(exc).__name__}: {exc})"
+        log.warning("trtrtx: region %s: its weights changed and it could not take the new ones (%s: %s); "
+                    "it runs in PyTorch from now on", module.name, type(exc).__name__, exc)
+        log.debug("trtrtx: region %s: weight update failed", module.name, exc_info=exc)
+        _stats.count("weight_fallbacks")
+        return
+    with UPDATES.swap:
+        if module.generation != generation:
+            _stats.count("weight_updates_overtaken")
+            return
+        module.updating = None
+        _install(module, region, new, engine, options)
+        UPDATES.installs += 1
+    _done(module, action, f"{how} in the background", start)
+
+
+def _done(module: RegionModule, action: str, how: str, start: float) -> str:
     _stats.count(f"weight_{action}s")
     log.info("trtrtx: region %s: weights changed; %s in %.2fs", module.name, how, time.perf_counter() - start)
     return action
 
 
-def _restore(module: RegionModule, region: OnnxRegion, engine: Any, options: Options) -> None:
-    """After new weights: the engine (or none), its cache entry under the new weights' key, the
-    widening builder bound to the new model, and first-call validation armed again."""
+def _install(module: RegionModule, region: OnnxRegion, executor: Any, engine: Any, options: Options) -> None:
+    """Put the executor for the new weights in place: the engine (or none), its cache entry under
+    the new weights' key, the widening builder bound to the new model, first-call validation armed
+    again, and the executor last (a call on another thread then finds the rest in place)."""
     from ..cache import engines as _engine_cache
     from . import region as _region
 
+    module.onnx = region
     key = _store(module, region, engine, options) if engine is not None else None
     module.engine = engine
     module.engine_key = key
     if module.profile is not None:
-        base = key if key is not None else None
-        module.profile.build = lambda profile: _region.widened_engine(region, options, base, profile)
+        module.profile.build = lambda profile: _region.widened_engine(region, options, key, profile)
     module.validate = options.validate
     module.validated_executor = None
     module.checked = None
+    module.fitted_shapes = None
     cache = _engine_cache.EngineCache.for_options(options) if key is not None else None
-    module.on_validated = (module.executor, _engine_cache.Validation(cache, key).mark) if cache and key else None
+    module.on_validated = (executor, _engine_cache.Validation(cache, key).mark) if cache and key else None
+    module.why = ""
+    module.executor = executor
 
 
 def _store(module: RegionModule, region: OnnxRegion, engine: Any, options: Options) -> Any:

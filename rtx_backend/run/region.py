@@ -80,6 +80,10 @@ class RegionModule(torch.nn.Module):
         self.why = ""  # why the region does not run on TensorRT-RTX (rtx_backend.recording shows it)
         self.engine_source = ""  # "built", "engine cache" or "" (no engine): set by the backend
         self.fastest: Decision | None = None  # option fastest's decision for it (run/choices.py)
+        # weights that changed (assemble/updates.py): the engine's executor while the update thread
+        # brings it the new weights (PyTorch runs the region meanwhile), and the count of changes
+        self.updating: Executor | None = None
+        self.generation = 0
 
     @property
     def kind(self) -> str:

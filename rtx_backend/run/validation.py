@@ -51,20 +51,21 @@ def first_call(
     if capturing(outputs):
         return outputs
     module.validated_executor = executor
-    try:
-        if reference is None:
-            reference = tuple(module.graph_module(*args))
-        checks = [
-            compare(out, ref, default_tolerance(ref.dtype, ref), f"output_{i}")
-            for i, (out, ref) in enumerate(zip(outputs, reference))
-        ]
-    except Exception as exc:  # never let the check itself break inference
-        log.warning("trtrtx: could not validate region %s against PyTorch: %s", module.name, exc)
-        return outputs
-    _stats.count("validations")
-    failed: list[Any] = [c for c in checks if not c.passed]
-    if failed and len(outputs) == len(reference):
-        failed = rejudge_in_fp32(module, args, outputs, reference, failed)
+    with _stats.stage("validate"):
+        try:
+            if reference is None:
+                reference = tuple(module.graph_module(*args))
+            checks = [
+                compare(out, ref, default_tolerance(ref.dtype, ref), f"output_{i}")
+                for i, (out, ref) in enumerate(zip(outputs, reference))
+            ]
+        except Exception as exc:  # never let the check itself break inference
+            log.warning("trtrtx: could not validate region %s against PyTorch: %s", module.name, exc)
+            return outputs
+        _stats.count("validations")
+        failed: list[Any] = [c for c in checks if not c.passed]
+        if failed and len(outputs) == len(reference):
+            failed = rejudge_in_fp32(module, args, outputs, reference, failed)
     if len(outputs) != len(reference):
         failed_text = f"{len(outputs)} outputs where PyTorch gives {len(reference)}"
     elif failed:

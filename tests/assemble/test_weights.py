@@ -17,7 +17,8 @@ from rtx_backend.assemble import region as _region
 from rtx_backend.assemble.weights import WeightGuard, initializer_specs
 from tests.helpers import compile_and_run, regions
 
-CPU = {"min_block_size": 1, "target_compute_capabilities": [(8, 6)]}
+# the call that sees a change waits for the update (tests/assemble/test_updates.py: in the background)
+CPU = {"min_block_size": 1, "target_compute_capabilities": [(8, 6)], "weight_update": "wait"}
 
 
 def mlp() -> torch.nn.Sequential:
@@ -358,8 +359,8 @@ def needs_refittable_engines() -> None:
                     "weight changes rebuild, which the other GPU tests check")
 
 
-def gpu_options(native: bool, weights: str = "refit") -> dict:
-    return {"min_block_size": 1, "runtime": "tensorrt_rtx", "weights": weights,
+def gpu_options(native: bool, weights: str = "refit", update: str = "wait") -> dict:
+    return {"min_block_size": 1, "runtime": "tensorrt_rtx", "weights": weights, "weight_update": update,
             "cuda_graph_strategy": "whole_graph_capture" if native else "disabled"}
 
 

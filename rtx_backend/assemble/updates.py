@@ -1,0 +1,69 @@
+"""Weight updates in the background (option weight_update="background", the default).
+
+A region whose weights changed runs in PyTorch at once (its graph reads the live weights), while
+one worker thread builds its engine again or refits it from a snapshot of the new weights; the
+engine takes over once it is ready, and its first call is validated as a new engine's is. Each
+change of a region's weights starts a new generation of it: an update that a later change
+overtook is dropped (skipped if it has not started), so that only the newest weights are built.
+`wait_for_updates()` waits until every update submitted so far has finished.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+log = logging.getLogger("rtx_backend")
+
+
+class Updates:
+    """The worker thread (one: updates run in the order of the changes) and the updates pending."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.swap = threading.Lock()  # held to start a generation of a region, and to install one
+        self.worker: concurrent.futures.ThreadPoolExecutor | None = None
+        self.pending: set[concurrent.futures.Future[Any]] = set()
+        self.installs = 0  # engines put in place so far (a weight guard checks first after one)
+
+    def submit(self, job: Callable[[], Any]) -> concurrent.futures.Future[Any]:
+        with self.lock:
+            if self.worker is None:
+                self.worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="trtrtx-weights")
+            future = self.worker.submit(job)
+            self.pending.add(future)
+        future.add_done_callback(self._finished)
+        return future
+
+    def _finished(self, future: concurrent.futures.Future[Any]) -> None:
+        with self.lock:
+            self.pending.discard(future)
+        if not future.cancelled() and future.exception() is not None:  # jobs report their own failures
+            log.warning("trtrtx: a weight update failed: %s", future.exception())
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait for every update submitted so far (and any they submit); False on timeout."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            with self.lock:
+                pending = list(self.pending)
+            if not pending:
+                return True
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            _, not_done = concurrent.futures.wait(pending, timeout=left)
+            if not_done:
+                return False
+
+
+UPDATES = Updates()
+
+
+def wait_for_updates(timeout: float | None = None) -> bool:
+    """Wait until the engines of every region whose weights changed are up to date (option
+    weight_update="background": PyTorch runs such regions meanwhile). Returns False if `timeout`
+    seconds passed first. A benchmark or a test that times engines after a change calls it."""
+    return UPDATES.wait(timeout)
