@@ -29,6 +29,7 @@ class Updates:
         self.worker: concurrent.futures.ThreadPoolExecutor | None = None
         self.pending: set[concurrent.futures.Future[Any]] = set()
         self.installs = 0  # engines put in place so far (a weight guard checks first after one)
+        self.deferred = threading.local()  # this thread's jobs, submitted once its call has run
 
     def submit(self, job: Callable[[], Any]) -> concurrent.futures.Future[Any]:
         with self.lock:
@@ -38,6 +39,20 @@ class Updates:
             self.pending.add(future)
         future.add_done_callback(self._finished)
         return future
+
+    def defer(self, job: Callable[[], Any]) -> None:
+        """Submit `job` when this thread calls `start_deferred` (after the call that saw the change)."""
+        jobs = getattr(self.deferred, "jobs", None)
+        if jobs is None:
+            jobs = self.deferred.jobs = []
+        jobs.append(job)
+
+    def start_deferred(self) -> None:
+        jobs = getattr(self.deferred, "jobs", None)
+        if jobs:
+            self.deferred.jobs = []
+            for job in jobs:
+                self.submit(job)
 
     def _finished(self, future: concurrent.futures.Future[Any]) -> None:
         with self.lock:

@@ -201,8 +201,8 @@ class WeightGuard:
         if self.overlap and self.installs == UPDATES.installs and not (self.on_cuda and stream_capturing()):
             return self.run_then_check(args)
         self.installs = UPDATES.installs
-        if not self.same(args) and not self.refresh(args):
-            return self.eager(*args)
+        if not self.same(args):
+            return self.refreshed_call(args)
         out = self.fn(*args)
         if self.overlap is None and not (self.on_cuda and stream_capturing()):
             # a graph that does not move its own weights' versions (no buffer updated in place, as
@@ -225,9 +225,17 @@ class WeightGuard:
             return out
         if self.on_cuda:
             torch.cuda.current_stream().synchronize()  # the dropped run reads the old weights
-        if not self.refresh(args):
-            return self.eager(*args)
-        return self.fn(*args)
+        return self.refreshed_call(args)
+
+    def refreshed_call(self, args: Sequence[Any]) -> Any:
+        """The call after a change: the regions brought up to date, the graph run; the background
+        updates it started begin once it has run (not beside it, which would slow it down)."""
+        try:
+            if not self.refresh(args):
+                return self.eager(*args)
+            return self.fn(*args)
+        finally:
+            UPDATES.start_deferred()
 
     def refresh(self, args: Sequence[Any]) -> bool:
         """Bring every region that froze a changed weight up to date with the call's weights.
@@ -346,7 +354,7 @@ def update_region(
         module.updating = executor
         module.executor = TorchExecutor(module.graph_module)
         module.why = "its weights changed: PyTorch runs it until its engine has the new ones"
-    UPDATES.submit(lambda: _in_background(module, generation, executor, onnx, region, values, options, start))
+    UPDATES.defer(lambda: _in_background(module, generation, executor, onnx, region, values, options, start))
     return "background"
 
 

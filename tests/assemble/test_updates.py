@@ -103,6 +103,23 @@ def test_an_engine_put_in_place_is_checked_before_its_first_run(caplog):
     assert not rtx_backend.stats().get("validation_failures")
 
 
+def test_the_update_starts_after_the_call_that_saw_the_change(monkeypatch):
+    """Not beside it: a build on the update thread would take the GIL from that call."""
+    from rtx_backend.assemble.updates import UPDATES
+    from rtx_backend.run.executors import TorchExecutor
+
+    model, x, compiled, region = compiled_mlp()
+    order: list[str] = []
+    run, submit = TorchExecutor.run, UPDATES.submit
+    monkeypatch.setattr(TorchExecutor, "run", lambda self, *a, **k: order.append("pytorch") or run(self, *a, **k))
+    monkeypatch.setattr(UPDATES, "submit", lambda job: order.append("submitted") or submit(job))
+    with torch.no_grad():
+        model[0].weight.mul_(2.0)
+    assert diff(compiled, model, x) == 0.0
+    assert order == ["pytorch", "submitted"]
+    assert rtx_backend.wait_for_updates(60) and region.kind == "onnxruntime"
+
+
 @pytest.mark.parametrize("dynamic", [False, True])
 def test_the_four_changes_in_the_background(dynamic):
     model = mlp()
