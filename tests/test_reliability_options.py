@@ -80,6 +80,8 @@ BAD_VALUES = [
     ("dump_onnx_dir", 1.5, "path string"),
     ("weights", "refitted", "checked"),
     ("weights", True, "frozen"),
+    ("weight_update", "later", "background"),
+    ("weight_update", 1, "wait"),
     ("rest", "tvm", "['auto', 'pytorch', 'inductor']"),
     ("rest", None, "inductor"),
     ("fastest", "yes", "True or False"),
