@@ -72,11 +72,16 @@ def _label(config: dict[str, Any]) -> tuple[str, str, str]:
     return MODELS.get(config["model"], config["model"]), str(config["shape"][0]), config["dtype"].replace("float", "fp")
 
 
+def _is_zoo(stem: str) -> bool:
+    """A result of bench/zoo.py (`...-zoo`, or a kind of it: `...-zoo-cold`)."""
+    return stem.endswith("-zoo") or "-zoo-" in stem
+
+
 def readme_table(results: list[tuple[str, dict[str, Any]]]) -> str:
     """Per model, batch and dtype: the latest result of the version with the most peers."""
     # the bench models with the peer measured beside them (the zoo has its own page, docs/zoo.md)
     with_peer = [(stem, r) for stem, r in results
-                 if "torch_tensorrt" in r.get("backends", []) and not stem.endswith("-zoo")]
+                 if "torch_tensorrt" in r.get("backends", []) and not _is_zoo(stem)]
     if not with_peer:
         return "(no saved result with Torch-TensorRT-RTX)"
     chosen = version(with_peer[-1][1])
