@@ -504,6 +504,7 @@ def gpu_config(name: str, batch: int, dtype: torch.dtype, backends: Sequence[str
                 row["engine_builds"] = stats.get("engine_builds", 0)
                 row["validation_failures"] = stats.get("validation_failures", 0)
                 row["stage_s"] = {s: stats[f"{s}_ms"] / 1e3 for s in STAGES if stats.get(f"{s}_ms")}
+                row["stats"] = stats  # (e.g. whether the exporter decomposed the program again)
             compiled[bname] = fn
             row["lat"] = []
         except Exception as exc:  # a backend that cannot compile this model is a result too

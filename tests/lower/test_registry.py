@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import sys
 import types
 
@@ -280,3 +281,20 @@ def test_the_pass_is_skipped_only_in_the_exporting_thread(monkeypatch):
     assert other is not program and checks.calls == 1
     assert _fx_passes.decompose_with_registry(program, registry) is not program  # and after, here
     assert checks.calls == 1
+
+
+def test_a_program_the_check_cannot_read_gets_the_pass_and_is_counted(monkeypatch, caplog):
+    from torch.onnx._internal.exporter import _fx_passes
+
+    def unreadable(program, registry):
+        raise AttributeError("no such thing here")
+
+    monkeypatch.setattr(_registry, "already_decomposed", unreadable)
+    program = _program(lambda x: torch.relu(x) + 1, torch.randn(4, 4))
+    rtx_backend.reset_stats()
+    with caplog.at_level(logging.DEBUG, logger="rtx_backend"), _registry._skipping_redecomposition():
+        assert _fx_passes.decompose_with_registry(program, _registry.lazy_registry()) is not program
+    stats = rtx_backend.stats()
+    assert stats["exports_redecomposed"] == 1 and stats["exports_redecomposed_unchecked"] == 1, stats
+    assert "exports_without_redecomposition" not in stats
+    assert any("AttributeError: no such thing here" in r.getMessage() for r in caplog.records)
