@@ -28,7 +28,6 @@ class Updates:
         self.swap = threading.Lock()  # held to start a generation of a region, and to install one
         self.worker: concurrent.futures.ThreadPoolExecutor | None = None
         self.pending: set[concurrent.futures.Future[Any]] = set()
-        self.installs = 0  # engines put in place so far (a weight guard checks first after one)
         self.deferred = threading.local()  # this thread's jobs, submitted once its call has run
 
     def submit(self, job: Callable[[], Any]) -> concurrent.futures.Future[Any]:

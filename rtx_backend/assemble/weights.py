@@ -46,6 +46,7 @@ from ..export.model import OnnxModel
 from ..lower.lowering import is_weight
 from ..run.executors import OrtExecutor, TorchExecutor, TrtExecutor, stream_capturing
 from ..run.region import RegionModule, picker
+from ..run.validation import RECHECKS
 from .region import checked
 from .updates import UPDATES
 
@@ -161,7 +162,7 @@ class WeightGuard:
         # whether the graph itself moves its weights' versions
         self.overlap: bool | None = None
         self.on_cuda = any(t.is_cuda for t in self.tensors)  # (a capture is possible: checked per call)
-        self.installs = UPDATES.installs  # the background updates installed when this last checked first
+        self.rechecks = RECHECKS.count  # executors armed for a recheck when this last checked first
         # the constant each index is frozen as (the object to rebind when a parameter is replaced)
         found = _all_constants(roots)
         self.frozen = {i: found.get(i) for i in used}
@@ -196,11 +197,12 @@ class WeightGuard:
             return False
 
     def __call__(self, *args: Any) -> Any:
-        # (not while an engine put in place by a background update is new: its first run is
-        # validated, which must see the weights it was built with, so they are checked first)
-        if self.overlap and self.installs == UPDATES.installs and not (self.on_cuda and stream_capturing()):
+        # (not after an executor was armed for a first-call check outside a compile, e.g. put in
+        # place by a background update: that check must see the weights it was made with, so
+        # they are checked first)
+        if self.overlap and self.rechecks == RECHECKS.count and not (self.on_cuda and stream_capturing()):
             return self.run_then_check(args)
-        self.installs = UPDATES.installs
+        self.rechecks = RECHECKS.count
         if not self.same(args):
             return self.refreshed_call(args)
         out = self.fn(*args)
@@ -340,13 +342,14 @@ def update_region(
         _rebuild_region(module, options, overrides())
         return _done(module, "rebuild", f"exported and built again: its model has no initializer for {unmatched[:3]}",
                      start)
+    made_for = module.weight_versions()  # read before the values are, as the guard reads them
     region = with_weights(onnx, values)  # a snapshot: the weights may change again while it is built
     if options.weight_update == "wait" or options.strict:
         with UPDATES.swap:
             module.generation += 1
             module.updating = None
         action, how, new, engine = _take(module, executor, onnx, region, values, options)
-        _install(module, region, new, engine, options)
+        _install(module, region, new, engine, options, made_for)
         return _done(module, action, how, start)
     with UPDATES.swap:
         module.generation += 1
@@ -354,7 +357,8 @@ def update_region(
         module.updating = executor
         module.executor = TorchExecutor(module.graph_module)
         module.why = "its weights changed: PyTorch runs it until its engine has the new ones"
-    UPDATES.defer(lambda: _in_background(module, generation, executor, onnx, region, values, options, start))
+    UPDATES.defer(lambda: _in_background(module, generation, executor, onnx, region, values, options, start,
+                                         made_for))
     return "background"
 
 
@@ -374,7 +378,8 @@ def _take(module: RegionModule, executor: Any, onnx: OnnxRegion, region: OnnxReg
 
 
 def _in_background(module: RegionModule, generation: int, executor: Any, onnx: OnnxRegion, region: OnnxRegion,
-                   values: dict[str, torch.Tensor], options: Options, start: float) -> None:
+                   values: dict[str, torch.Tensor], options: Options, start: float,
+                   made_for: tuple[tuple[int, int], ...]) -> None:
     """One update on the update thread: skipped or dropped if a later change overtook it."""
     if module.generation != generation:
         _stats.count("weight_updates_overtaken")
@@ -399,8 +404,8 @@ def _in_background(module: RegionModule, generation: int, executor: Any, onnx: O
             _stats.count("weight_updates_overtaken")
             return
         module.updating = None
-        _install(module, region, new, engine, options)
-        UPDATES.installs += 1
+        _install(module, region, new, engine, options, made_for)
+        RECHECKS.arm()
     _done(module, action, f"{how} in the background", start)
 
 
@@ -410,7 +415,8 @@ def _done(module: RegionModule, action: str, how: str, start: float) -> str:
     return action
 
 
-def _install(module: RegionModule, region: OnnxRegion, executor: Any, engine: Any, options: Options) -> None:
+def _install(module: RegionModule, region: OnnxRegion, executor: Any, engine: Any, options: Options,
+             made_for: tuple[tuple[int, int], ...]) -> None:
     """Put the executor for the new weights in place: the engine (or none), its cache entry under
     the new weights' key, the widening builder bound to the new model, first-call validation armed
     again, and the executor last (a call on another thread then finds the rest in place)."""
@@ -430,6 +436,7 @@ def _install(module: RegionModule, region: OnnxRegion, executor: Any, engine: An
     cache = _engine_cache.EngineCache.for_options(options) if key is not None else None
     module.on_validated = (executor, _engine_cache.Validation(cache, key).mark) if cache and key else None
     module.why = ""
+    module.executor_weights = made_for
     module.executor = executor
 
 
@@ -462,6 +469,7 @@ def _rebuild_region(module: RegionModule, options: Options, overrides: dict[str,
     module.fitted_shapes = None
     module.validated_executor = None
     module.checked = None
+    module.executor_weights = module.weight_versions()
 
 
 def _copy_graph(graph_module: torch.fx.GraphModule) -> torch.fx.Graph:

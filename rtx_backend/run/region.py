@@ -84,6 +84,7 @@ class RegionModule(torch.nn.Module):
         # brings it the new weights (PyTorch runs the region meanwhile), and the count of changes
         self.updating: Executor | None = None
         self.generation = 0
+        self.executor_weights: tuple[tuple[int, int], ...] | None = None  # see weight_versions
 
     @property
     def kind(self) -> str:
@@ -120,13 +121,29 @@ class RegionModule(torch.nn.Module):
             return self.run_in_pytorch(runner, exc, args)
         if validating:
             with self.validation_lock:  # a thread must not return unchecked outputs while one checks
-                if self.executor is not runner:  # the check (in another thread) replaced the runner
-                    return tuple(self.forward(*args))
-                if self.validated_executor is not runner:
-                    outputs = first_call(self, args, outputs, reference)
-                if self.validated_executor is runner:  # not during a CUDA graph capture
-                    self.checked = runner
+                replaced = self.executor is not runner  # by a check in another thread, or new weights
+                if not replaced:
+                    if self.validated_executor is not runner:
+                        outputs = first_call(self, args, outputs, reference)
+                    if self.validated_executor is runner:  # not during a CUDA graph capture
+                        self.checked = runner
+            if replaced:  # (outside the lock: the new runner's own check takes it)
+                return tuple(self.forward(*args))
         return outputs
+
+    def weight_versions(self) -> tuple[tuple[int, int], ...]:
+        """Each constant the region's graph reads (its frozen weights share their version counters
+        with the model's), by identity and version. `executor_weights` holds them as they were when
+        the executor was made: a first-call check that fails after they moved raced a weight change
+        (validation.py)."""
+        found = []
+        for node in self.graph_module.graph.find_nodes(op="get_attr"):
+            value: Any = self.graph_module
+            for part in str(node.target).split("."):
+                value = getattr(value, part, None)
+            if isinstance(value, torch.Tensor):
+                found.append((id(value), -1 if value.is_inference() else value._version))
+        return tuple(found)
 
     def __call__(self, *args: Any) -> tuple[torch.Tensor, ...]:
         """The partitioned graph calls its regions on every call: straight to forward unless a

@@ -32,6 +32,22 @@ from ..run.executors import TorchExecutor, stream_capturing
 log = logging.getLogger("rtx_backend")
 
 
+class Rechecks:
+    """How many executors were armed for a first-call check after their weights moved (put in
+    place by a background weight update, or checked again after a weight change raced their
+    check): a weight guard that sees the count move checks the weights before its next call
+    runs, so that such a check never runs on weights that changed before the call."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def arm(self) -> None:
+        self.count += 1  # (a lost increment under a race only costs one overlapped check)
+
+
+RECHECKS = Rechecks()
+
+
 def capturing(tensors: Sequence[torch.Tensor]) -> bool:
     """Whether the current CUDA stream is capturing (never true for CPU tensors)."""
     if not any(isinstance(t, torch.Tensor) and t.is_cuda for t in tensors):
@@ -43,7 +59,10 @@ def first_call(
     module: Any, args: Sequence[Any], outputs: tuple[torch.Tensor, ...], reference: tuple[torch.Tensor, ...] | None = None
 ) -> tuple[torch.Tensor, ...]:
     """Validate `outputs` of `module.executor` (a RegionModule's) and return the outputs to use.
-    `reference`: PyTorch's results on `args`, when the caller has them already.
+    `reference`: PyTorch's results on `args`, when the caller has them already. Where the region's
+    weights moved since its executor was made (`executor_weights`: another thread changed one
+    during the call), a disagreement proves nothing about the executor, which is checked again on
+    its next call.
 
     Marks the executor validated, except during a CUDA graph capture (then nothing is checked).
     """
@@ -66,6 +85,13 @@ def first_call(
         failed: list[Any] = [c for c in checks if not c.passed]
         if failed and len(outputs) == len(reference):
             failed = rejudge_in_fp32(module, args, outputs, reference, failed)
+    made_for = getattr(module, "executor_weights", None)
+    if failed and made_for is not None and module.weight_versions() != made_for:
+        log.info("trtrtx: region %s: its weights changed during its first call (on another thread); PyTorch's "
+                 "result is returned and %s is checked again on its next call", module.name, executor.kind)
+        module.validated_executor = None
+        RECHECKS.arm()
+        return reference
     if len(outputs) != len(reference):
         failed_text = f"{len(outputs)} outputs where PyTorch gives {len(reference)}"
     elif failed:

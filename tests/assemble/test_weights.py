@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 
 import pytest
 import torch
@@ -291,11 +292,13 @@ def test_a_weight_of_another_shape_or_dtype_runs_in_pytorch_with_a_warning(repla
     assert rtx_backend.stats().get("weight_fallbacks") == 1
 
 
-def test_weights_changing_while_other_threads_call():
-    """Not our race to win, but no crash, and once the changes stop the answers are right."""
+@pytest.mark.parametrize("update", ["wait", "background"])
+def test_weights_changing_while_other_threads_call(update, caplog):
+    """Not our race to win, but no crash, and once the changes stop the answers are right (in the
+    background: once the updates are done, the engine's again)."""
     model = mlp()
     x = torch.randn(8, 6)
-    compiled = torch.compile(model, backend="trtrtx", options=CPU)
+    compiled = torch.compile(model, backend="trtrtx", options={**CPU, "weight_update": update})
     diff(compiled, model, x)
     errors: list[BaseException] = []
     stop = threading.Event()
@@ -312,14 +315,55 @@ def test_weights_changing_while_other_threads_call():
     threads = [threading.Thread(target=call) for _ in range(2)]
     for t in threads:
         t.start()
-    for _ in range(10):
-        with torch.no_grad():
-            model[0].weight.add_(0.01)
-    stop.set()
-    for t in threads:
-        t.join()
+    with caplog.at_level(logging.WARNING, logger="rtx_backend"):
+        for _ in range(10):
+            with torch.no_grad():
+                model[0].weight.add_(0.01)
+            time.sleep(0.01)
+        stop.set()
+        for t in threads:
+            t.join()
+        assert rtx_backend.wait_for_updates(60)
     assert not errors
     assert diff(compiled, model, x) < 1e-5
+    assert diff(compiled, model, x) < 1e-5  # (the engine's first run after the last update: validated)
+    # a first-call check that raced a change is tried again, not taken for a wrong engine
+    assert not [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert not rtx_backend.stats().get("validation_failures")
+
+
+def test_a_first_call_check_that_races_a_weight_change_checks_again(monkeypatch, caplog):
+    """Another thread changes a weight while the new session runs: PyTorch's result (the new
+    weights) is returned, the session is checked again on its next call, and kept."""
+    from rtx_backend.run.executors import OrtExecutor
+
+    model = mlp()
+    x = torch.randn(8, 6)
+    compiled = torch.compile(model, backend="trtrtx", options=CPU)
+    with recording() as graphs:
+        assert diff(compiled, model, x) < 1e-5
+    (region,) = [r for g in graphs for r in g.regions]
+    run, raced, before = OrtExecutor.run, [], region.executor
+
+    def racing(self, *args, **kwargs):
+        out = run(self, *args, **kwargs)
+        if self is not before and not raced:  # the new session's first run: a change lands meanwhile
+            raced.append(True)
+            with torch.no_grad():
+                model[2].bias.add_(1.0)
+        return out
+
+    with torch.no_grad():
+        model[0].weight.mul_(2.0)
+    monkeypatch.setattr(OrtExecutor, "run", racing)
+    with caplog.at_level(logging.INFO, logger="rtx_backend"), torch.no_grad():
+        out = compiled(x)
+        assert raced and torch.allclose(out, model(x), atol=1e-5)  # PyTorch's, with the change made during it
+        assert region.kind == "onnxruntime"
+        assert diff(compiled, model, x) < 1e-5  # the next call sees that change and updates again
+    assert any("changed during its first call" in r.getMessage() for r in caplog.records)
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert region.kind == "onnxruntime" and not rtx_backend.stats().get("validation_failures")
 
 
 def test_the_option_is_validated():
