@@ -12,6 +12,10 @@ once more in FP32, and the output passes if it is no further from that run than 
 result in the same precision is (see `_compare.judge_by_fp32`). Two low-precision results can
 differ from each other more than either differs from FP32, and it is FP32 they approximate.
 
+A check that fails after the region's weights moved since its executor was made (another
+thread changed one during the call) proves nothing about the executor: PyTorch's result is
+returned and the executor is checked again on a later call.
+
 No check runs while the stream is being captured into a CUDA graph (the reference run and the
 host reads of the comparison cannot be captured); the check then waits for the first call that
 is not captured.
