@@ -307,6 +307,7 @@ class _Skipping(threading.local):
     the check in front of the exporter's pass (once per process)."""
 
     skip = False
+    seen = False  # whether the pass ran (through the patched function) since the skip was allowed
     patch_lock = threading.Lock()  # a class attribute: one for all threads
 
 
@@ -320,15 +321,20 @@ def _skipping_redecomposition() -> Iterator[None]:
     with _Skipping.patch_lock:
         if not getattr(_fx_passes.decompose_with_registry, "_trtrtx", False):
             _fx_passes.decompose_with_registry = _decompose_unless_decomposed(_fx_passes.decompose_with_registry)
-    _SKIPPING.skip = True
+    _SKIPPING.skip, _SKIPPING.seen = True, False
     try:
         yield
     finally:
         _SKIPPING.skip = False
+    if not _SKIPPING.seen:  # this exporter ran no decomposition pass through the one patched here
+        _stats.count("exports_pass_not_seen")
+        say_once("trtrtx: the ONNX exporter did not run its decomposition pass through "
+                 f"{_fx_passes.__name__}.decompose_with_registry; exports cannot skip it", logging.DEBUG)
 
 
 def _decompose_unless_decomposed(decompose: Callable[..., Any]) -> Callable[..., Any]:
     def decompose_with_registry(program: Any, registry: Any) -> Any:
+        _SKIPPING.seen = True
         if _SKIPPING.skip:
             try:
                 skip = already_decomposed(program, registry)

@@ -298,3 +298,16 @@ def test_a_program_the_check_cannot_read_gets_the_pass_and_is_counted(monkeypatc
     assert stats["exports_redecomposed"] == 1 and stats["exports_redecomposed_unchecked"] == 1, stats
     assert "exports_without_redecomposition" not in stats
     assert any("AttributeError: no such thing here" in r.getMessage() for r in caplog.records)
+
+
+def test_an_exporter_that_bypasses_the_patched_pass_is_counted(monkeypatch):
+    """Where the exporter would run its decomposition pass some other way, nothing is skipped and
+    the export says so (a counter the GPU runs' results keep)."""
+    rtx_backend.reset_stats()
+    with _registry._skipping_redecomposition():
+        pass  # an export that never reached decompose_with_registry
+    assert rtx_backend.stats()["exports_pass_not_seen"] == 1
+    rtx_backend.reset_stats()
+    export_region(_region(_seeded(MLP), torch.randn(5, 16)))
+    stats = rtx_backend.stats()
+    assert stats["exports_without_redecomposition"] == 1 and "exports_pass_not_seen" not in stats, stats
