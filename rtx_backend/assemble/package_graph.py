@@ -68,6 +68,7 @@ def encode_graph(gm: torch.fx.GraphModule, out_spec: Any) -> dict[str, Any]:
 
 
 def _fetch(gm: torch.nn.Module, target: str) -> Any:
+    # (cache.engines.fetch_attr's twin: loading a package imports none of the compile's modules)
     value: Any = gm
     for part in target.split("."):
         value = getattr(value, part, None)

@@ -41,6 +41,7 @@ import torch
 from .. import _stats, _torch_compat
 from .._options import Options
 from .._types import OnnxRegion
+from ..cache.engines import fetch_attr
 from ..export.bridge import EXPORTED_AS, FROZEN
 from ..export.model import OnnxModel
 from ..lower.lowering import is_weight
@@ -597,9 +598,7 @@ def _constants(gm: torch.fx.GraphModule) -> dict[int, tuple[str, torch.Tensor | 
         index = frozen_index(target)
         if index is None or index in found:
             continue
-        value: Any = gm
-        for part in target.split("."):
-            value = getattr(value, part, None)
+        value = fetch_attr(gm, target)
         found[index] = (target, value if isinstance(value, torch.Tensor) else None)
     return found
 

@@ -127,7 +127,7 @@ def graph_digest(gm: torch.fx.GraphModule) -> str | None:
         if node.op == "placeholder":
             h.update(repr((node.name, _describe(node.meta.get("val")))).encode())
         elif node.op == "get_attr":
-            value = _fetch_attr(gm, str(node.target))
+            value = fetch_attr(gm, str(node.target))
             if not isinstance(value, torch.Tensor):
                 return None
             h.update(repr((node.target, str(value.dtype), tuple(value.shape))).encode())
@@ -563,7 +563,8 @@ def _describe(val: Any) -> Any:
     return type(val).__name__
 
 
-def _fetch_attr(gm: torch.nn.Module, target: str) -> Any:
+def fetch_attr(gm: torch.nn.Module, target: str) -> Any:
+    """What a get_attr node's dotted `target` names under `gm` (None where a part is missing)."""
     value: Any = gm
     for part in target.split("."):
         value = getattr(value, part, None)

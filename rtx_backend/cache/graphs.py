@@ -112,7 +112,7 @@ def _graph_key(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options:
         if node.op == "call_module":
             return None
         if node.op == "get_attr":
-            value = _engine_cache._fetch_attr(gm, str(node.target))
+            value = _engine_cache.fetch_attr(gm, str(node.target))
             if not isinstance(value, torch.Tensor):
                 return None
             h.update(repr((node.target, _tensor_spec(value))).encode())

@@ -18,7 +18,7 @@ from .. import _torch_compat
 from .._errors import CudaGraphError, RtxBackendError
 from .._types import EngineData, OnnxRegion
 from ..build.profiles import EngineProfile
-from ..cache.engines import Key
+from ..cache.engines import Key, fetch_attr
 from ..run.choices import Decision
 from ..run.executors import Executor, TorchExecutor
 from ..run.validation import capturing, first_call
@@ -138,9 +138,7 @@ class RegionModule(torch.nn.Module):
         (validation.py)."""
         found = []
         for node in self.graph_module.graph.find_nodes(op="get_attr"):
-            value: Any = self.graph_module
-            for part in str(node.target).split("."):
-                value = getattr(value, part, None)
+            value = fetch_attr(self.graph_module, str(node.target))
             if isinstance(value, torch.Tensor):
                 found.append((id(value), -1 if value.is_inference() else value._version))
         return tuple(found)
