@@ -98,7 +98,7 @@ def runtime_module(
                           device=device, strict=options.strict or options.runtime == "tensorrt_rtx")
     module.why = executor.why
     module.engine_source = "engine cache" if engine is not None and record is not None else ""
-    module.executor_weights = module.weight_versions()  # the weights it was made for: these
+    executor.made_for = module.weight_versions()  # the weights it was made for: these
     return module
 
 

@@ -437,7 +437,7 @@ def _install(module: RegionModule, region: OnnxRegion, executor: Any, engine: An
     cache = _engine_cache.EngineCache.for_options(options) if key is not None else None
     module.on_validated = (executor, _engine_cache.Validation(cache, key).mark) if cache and key else None
     module.why = ""
-    module.executor_weights = made_for
+    executor.made_for = made_for
     module.executor = executor
 
 
@@ -470,7 +470,6 @@ def _rebuild_region(module: RegionModule, options: Options, overrides: dict[str,
     module.fitted_shapes = None
     module.validated_executor = None
     module.checked = None
-    module.executor_weights = module.weight_versions()
 
 
 def _copy_graph(graph_module: torch.fx.GraphModule) -> torch.fx.Graph:

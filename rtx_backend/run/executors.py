@@ -79,6 +79,9 @@ class Executor:
     why = ""
     reference = False
     fixed_shapes = False
+    # the region's weights when it was made (RegionModule.weight_versions), set by whoever puts it
+    # in place: a first-call check that fails after they moved raced a weight change (validation.py)
+    made_for: tuple[tuple[int, int], ...] | None = None
 
     def run(self, args: Sequence[Any], tensors: Sequence[torch.Tensor] = (),
             shapes: tuple[torch.Size, ...] | None = None) -> list[torch.Tensor]:

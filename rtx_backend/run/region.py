@@ -84,7 +84,6 @@ class RegionModule(torch.nn.Module):
         # brings it the new weights (PyTorch runs the region meanwhile), and the count of changes
         self.updating: Executor | None = None
         self.generation = 0
-        self.executor_weights: tuple[tuple[int, int], ...] | None = None  # see weight_versions
 
     @property
     def kind(self) -> str:
@@ -124,7 +123,7 @@ class RegionModule(torch.nn.Module):
                 replaced = self.executor is not runner  # by a check in another thread, or new weights
                 if not replaced:
                     if self.validated_executor is not runner:
-                        outputs = first_call(self, args, outputs, reference)
+                        outputs = first_call(self, runner, args, outputs, reference)
                     if self.validated_executor is runner:  # not during a CUDA graph capture
                         self.checked = runner
             if replaced:  # (outside the lock: the new runner's own check takes it)
@@ -133,8 +132,8 @@ class RegionModule(torch.nn.Module):
 
     def weight_versions(self) -> tuple[tuple[int, int], ...]:
         """Each constant the region's graph reads (its frozen weights share their version counters
-        with the model's), by identity and version. `executor_weights` holds them as they were when
-        the executor was made: a first-call check that fails after they moved raced a weight change
+        with the model's), by identity and version. An executor's `made_for` holds them as they were
+        when it was made: a first-call check that fails after they moved raced a weight change
         (validation.py)."""
         found = []
         for node in self.graph_module.graph.find_nodes(op="get_attr"):
@@ -205,7 +204,9 @@ class RegionModule(torch.nn.Module):
 
     def _install_engine(self, engine: EngineData) -> None:
         """Swap in an engine built for a wider profile (a new TensorRT-RTX context for it)."""
-        self.executor = self.executor.with_engine(engine)
+        widened = self.executor.with_engine(engine)
+        widened.made_for = self.executor.made_for  # (the same weights)
+        self.executor = widened
         self.engine = engine
 
     def extra_repr(self) -> str:

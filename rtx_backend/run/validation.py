@@ -60,17 +60,18 @@ def capturing(tensors: Sequence[torch.Tensor]) -> bool:
 
 
 def first_call(
-    module: Any, args: Sequence[Any], outputs: tuple[torch.Tensor, ...], reference: tuple[torch.Tensor, ...] | None = None
+    module: Any, executor: Any, args: Sequence[Any], outputs: tuple[torch.Tensor, ...],
+    reference: tuple[torch.Tensor, ...] | None = None,
 ) -> tuple[torch.Tensor, ...]:
-    """Validate `outputs` of `module.executor` (a RegionModule's) and return the outputs to use.
-    `reference`: PyTorch's results on `args`, when the caller has them already. Where the region's
-    weights moved since its executor was made (`executor_weights`: another thread changed one
-    during the call), a disagreement proves nothing about the executor, which is checked again on
-    its next call.
+    """Validate `outputs` of `executor`, which the RegionModule `module` ran (its executor when the
+    call began: another thread may have put a newer one in place since, which this leaves be), and
+    return the outputs to use. `reference`: PyTorch's results on `args`, when the caller has them
+    already. Where the region's weights moved since the executor was made (its `made_for`: another
+    thread changed one meanwhile), a disagreement proves nothing about it, and it is checked again
+    on its next call.
 
     Marks the executor validated, except during a CUDA graph capture (then nothing is checked).
     """
-    executor = module.executor
     if capturing(outputs):
         return outputs
     module.validated_executor = executor
@@ -89,8 +90,7 @@ def first_call(
         failed: list[Any] = [c for c in checks if not c.passed]
         if failed and len(outputs) == len(reference):
             failed = rejudge_in_fp32(module, args, outputs, reference, failed)
-    made_for = getattr(module, "executor_weights", None)
-    if failed and made_for is not None and module.weight_versions() != made_for:
+    if failed and executor.made_for is not None and module.weight_versions() != executor.made_for:
         log.info("trtrtx: region %s: its weights changed during its first call (on another thread); PyTorch's "
                  "result is returned and %s is checked again on its next call", module.name, executor.kind)
         module.validated_executor = None
@@ -112,10 +112,11 @@ def first_call(
         module.name, executor.kind, failed_text,
     )
     _stats.count("validation_failures")
-    torch_executor = TorchExecutor(module.graph_module)
-    module.executor = torch_executor
-    module.validated_executor = torch_executor
-    module.why = f"its {executor.kind} result disagreed with PyTorch on the first call ({failed_text})"
+    if module.executor is executor:  # (not a newer one that another thread put in place meanwhile)
+        torch_executor = TorchExecutor(module.graph_module)
+        module.executor = torch_executor
+        module.validated_executor = torch_executor
+        module.why = f"its {executor.kind} result disagreed with PyTorch on the first call ({failed_text})"
     return reference
 
 
