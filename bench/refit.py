@@ -88,17 +88,10 @@ def profiled(on: bool, title: str, lines: int = 40) -> Iterator[None]:
         pstats.Stats(profile, stream=sys.stdout).sort_stats("cumulative").print_stats(lines)
 
 
-def stage_seconds(before: dict[str, int], after: dict[str, int]) -> dict[str, float]:
-    """Seconds spent in each of trtrtx's stages between two `rtx_backend.stats()` snapshots."""
-    from rtx_backend._stats import STAGES
-
-    spent = {s: (after.get(f"{s}_ms", 0) - before.get(f"{s}_ms", 0)) / 1e3 for s in STAGES}
-    return {s: v for s, v in spent.items() if v > 0}
-
-
 def variant(name: str, factory: Any, shape: tuple[int, ...], dtype: torch.dtype, refittable: bool,
             cache_dir: str, profile: bool = False) -> dict[str, Any]:
     import rtx_backend
+    from rtx_backend._stats import stage_seconds
 
     torch.manual_seed(0)
     model = factory().eval().to(bench.DEVICE, dtype).requires_grad_(False)

@@ -466,7 +466,7 @@ def gpu_config(name: str, batch: int, dtype: torch.dtype, backends: Sequence[str
     interleaved rounds, max error against FP32 eager, and trtrtx's engine time alone."""
     import rtx_backend
     from rtx_backend._record import recording
-    from rtx_backend._stats import STAGES
+    from rtx_backend._stats import stage_seconds
 
     bench = _bench_module()
     entry = ZOO[name]
@@ -503,7 +503,7 @@ def gpu_config(name: str, batch: int, dtype: torch.dtype, backends: Sequence[str
                 stats = rtx_backend.stats()
                 row["engine_builds"] = stats.get("engine_builds", 0)
                 row["validation_failures"] = stats.get("validation_failures", 0)
-                row["stage_s"] = {s: stats[f"{s}_ms"] / 1e3 for s in STAGES if stats.get(f"{s}_ms")}
+                row["stage_s"] = stage_seconds({}, stats)
                 row["stats"] = stats  # (e.g. whether the exporter decomposed the program again)
             compiled[bname] = fn
             row["lat"] = []

@@ -53,10 +53,16 @@ def stage(name: str) -> Iterator[None]:
         count(f"{name}_ms", round((time.perf_counter() - start) * 1e3))
 
 
+def stage_seconds(before: dict[str, int], after: dict[str, int]) -> dict[str, float]:
+    """The seconds spent in each stage between two snapshots of the counters (`{}`: since the
+    last reset), for the stages that took any."""
+    spent = {s: (after.get(f"{s}_ms", 0) - before.get(f"{s}_ms", 0)) / 1e3 for s in STAGES}
+    return {s: v for s, v in spent.items() if v > 0}
+
+
 def stage_split(before: dict[str, int], after: dict[str, int]) -> str:
     """The stages' seconds between two snapshots, for a log line: "export 2.1s, build 1.4s"."""
-    spent = {s: (after.get(f"{s}_ms", 0) - before.get(f"{s}_ms", 0)) / 1e3 for s in STAGES}
-    return ", ".join(f"{s} {v:.2f}s" for s, v in spent.items() if v >= 0.005)
+    return ", ".join(f"{s} {v:.2f}s" for s, v in stage_seconds(before, after).items() if v >= 0.005)
 
 
 def stats() -> dict[str, int]:
