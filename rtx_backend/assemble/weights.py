@@ -294,10 +294,7 @@ class WeightGuard:
             log.warning("trtrtx: region %s: its weights changed and it could not take the new ones (%s: %s); "
                         "it runs in PyTorch from now on", module.name, type(exc).__name__, exc)
             log.debug("trtrtx: region %s: weight update failed", module.name, exc_info=exc)
-            with UPDATES.swap:  # an update of older weights still under way must not be installed
-                module.generation += 1
-                module.updating = None
-                module.executor = TorchExecutor(module.graph_module)
+            _new_generation(module, in_pytorch=True)  # (an update of older weights under way is dropped)
             _stats.count("weight_fallbacks")
 
     def _rebind(self, index: int, tensor: torch.Tensor) -> None:
@@ -337,30 +334,36 @@ def update_region(
     specs = initializer_specs(onnx)
     unmatched = sorted(n for n, t in values.items() if specs.get(n) != _spec(t))
     if unmatched:
-        with UPDATES.swap:  # an update under way is overtaken
-            module.generation += 1
-            module.updating = None
+        _new_generation(module)
         _rebuild_region(module, options, overrides())
         return _done(module, "rebuild", f"exported and built again: its model has no initializer for {unmatched[:3]}",
                      start)
     made_for = module.weight_versions()  # read before the values are, as the guard reads them
     region = with_weights(onnx, values)  # a snapshot: the weights may change again while it is built
     if options.weight_update == "wait" or options.strict:
-        with UPDATES.swap:
-            module.generation += 1
-            module.updating = None
+        _new_generation(module)
         action, how, new, engine = _take(module, executor, onnx, region, values, options)
         _install(module, region, new, engine, options, made_for)
         return _done(module, action, how, start)
-    with UPDATES.swap:
-        module.generation += 1
-        generation = module.generation
-        module.updating = executor
-        module.executor = TorchExecutor(module.graph_module)
-        module.why = "its weights changed: PyTorch runs it until its engine has the new ones"
+    generation = _new_generation(module, updating=executor, in_pytorch=True)
     UPDATES.defer(lambda: _in_background(module, generation, executor, onnx, region, values, options, start,
                                          made_for))
     return "background"
+
+
+def _new_generation(module: RegionModule, updating: Any = None, in_pytorch: bool = False) -> int:
+    """Start a new generation of the region's weights, and return it: an update of an older one
+    still under way is dropped when it ends. `updating`: the engine's executor, which the update
+    thread brings the new weights to; `in_pytorch`: PyTorch runs the region meanwhile (for good,
+    without `updating`)."""
+    with UPDATES.swap:
+        module.generation += 1
+        module.updating = updating
+        if in_pytorch:
+            module.executor = TorchExecutor(module.graph_module)
+            if updating is not None:
+                module.why = "its weights changed: PyTorch runs it until its engine has the new ones"
+        return module.generation
 
 
 def _take(module: RegionModule, executor: Any, onnx: OnnxRegion, region: OnnxRegion, values: dict[str, torch.Tensor],
