@@ -35,6 +35,7 @@ import torch
 
 from .. import _stats, _torch_compat
 from .._log import say_once
+from . import signatures
 
 log = logging.getLogger("rtx_backend")
 
@@ -225,7 +226,7 @@ def translate(
         registry = None
     if registry is not None:
         try:
-            with _skipping_redecomposition():
+            with _skipping_redecomposition(), signatures.memoized():
                 return core_export(exported, args, registry=registry, **common)
         except Exception as exc:
             log.debug("trtrtx: ONNX export with the lazy registry failed (%s: %s); retrying with the "
@@ -236,7 +237,8 @@ def translate(
     except (AttributeError, TypeError) as exc:
         say_once(f"trtrtx: the exporter's registry cannot be built here ({exc}); using torch.onnx.export", logging.DEBUG)
         return None
-    return core_export(exported, args, registry=full, **common)
+    with signatures.memoized():
+        return core_export(exported, args, registry=full, **common)
 
 
 def _private_export() -> Callable[..., Any] | None:
@@ -293,8 +295,11 @@ def _decomposition_table(implemented: frozenset[Any]) -> dict[Any, Any]:
     return _decomp.create_onnx_friendly_decomposition_table(set(implemented))
 
 
-# composite ops that the exporter translates as they are into what their decomposition gives
-_TRANSLATED_AS_IS = frozenset({torch.ops.aten.reshape.default})
+# Composite ops that may stay: the exporter translates reshape as it is into what the pass's view
+# would give, and the pass keeps scaled_dot_product_attention as it is (the registry implements
+# it). Attention is what the bridge makes of CUDA's fused kernels (unfuse_attention): without it,
+# every transformer exported on CUDA paid the pass, 2.6 s of BERT-base's cold compile on the H200.
+_TRANSLATED_AS_IS = frozenset({torch.ops.aten.reshape.default, torch.ops.aten.scaled_dot_product_attention.default})
 
 
 def _composite(op: torch._ops.OpOverload) -> bool:

@@ -225,6 +225,8 @@ def _program(fn, *args: torch.Tensor) -> torch.export.ExportedProgram:
     # a getitem of a tuple output: the pass only adds an unused getitem of the other output
     (lambda x: torch.ops.aten.max_pool2d_with_indices(x[None], [2, 2])[0], True, True),
     (lambda x: torch.ops.aten.reshape(x, (-1,)), True, True),  # composite, decomposed to view; kept (see below)
+    # composite, and kept by the pass: what the bridge makes of CUDA's fused attention kernels
+    (lambda x: torch.nn.functional.scaled_dot_product_attention(x[None], x[None], x[None]), True, False),
     (lambda x: torch.ops.aten.add_(x.clone(), 1), False, True),  # in place: the pass functionalizes it
     (lambda x: torch.ops.aten.rsub(x, 1.0), False, True),  # the registry has no rsub: decomposed to sub
     (lambda x: torch.cond(x.sum() > 0, lambda y: y + 1, lambda y: y - 1, (x,)), False, None),  # subgraphs
