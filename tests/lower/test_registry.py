@@ -313,3 +313,22 @@ def test_an_exporter_that_bypasses_the_patched_pass_is_counted(monkeypatch):
     export_region(_region(_seeded(MLP), torch.randn(5, 16)))
     stats = rtx_backend.stats()
     assert stats["exports_without_redecomposition"] == 1 and "exports_pass_not_seen" not in stats, stats
+
+
+def test_a_region_with_plain_attention_skips_the_pass_and_exports_what_the_public_exporter_exports(both):
+    """On CUDA the bridge turns the fused attention kernels into the plain op (unfuse_attention),
+    which is composite: the pass keeps it as it is, so the export skips the pass."""
+    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+
+    def attention(q, k, v):
+        return (torch.ops.aten.scaled_dot_product_attention.default(q, k, v) * 2.0,)
+
+    gm = torch.fx.symbolic_trace(attention)
+    FakeTensorProp(gm).propagate(*(torch.randn(2, 4, 8, 16) for _ in range(3)))
+    assert torch.ops.aten.scaled_dot_product_attention.default in {n.target for n in gm.graph.nodes}
+    rtx_backend.reset_stats()
+    region = export_region(gm)
+    assert rtx_backend.stats()["exports_without_redecomposition"] == 1
+    ((lazy, reference),) = both
+    assert sorted(n.op_type for n in lazy.model_proto.graph.node) == sorted(n.op_type for n in reference.model_proto.graph.node)
+    _check_against_graph(gm, region)
