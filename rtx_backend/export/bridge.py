@@ -29,6 +29,7 @@ from .._log import say_once
 from .._types import OnnxRegion, TensorSpec
 from ..export.model import OnnxModel
 from ..export.optimize import optimize as optimize_program
+from ..export.program import direct_program
 from ..export.rewrite import transposes_into_gemm
 from ..lower.lowering import _FUSED_ATTENTION, unfusable, views_to_reshapes
 
@@ -379,11 +380,14 @@ def export_region(gm: torch.fx.GraphModule, *, optimize: bool = True, keep_weigh
     def export() -> Any:
         with _outside_dynamo(), warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
             warnings.simplefilter("ignore")
+            exported = _direct(gm) if not any(s.dynamic for s in inputs) else None
             # Non-strict torch.export only: the exporter's next strategy, strict export, runs Dynamo,
             # which waits for the compile lock that the user's compile (our caller) holds: a deadlock.
             try:
-                with _attention_without_shape_checks(gm, inputs):
-                    exported = _export_non_strict(wrapper, args, _dynamic_shapes(inputs))
+                if exported is None:
+                    _stats.count("exports_traced")
+                    with _attention_without_shape_checks(gm, inputs):
+                        exported = _export_non_strict(wrapper, args, _dynamic_shapes(inputs))
             except Exception as exc:
                 raise BuildError(f"torch.export failed: {_first_line(exc)}") from exc
             return _to_onnx(exported, args, [s.name for s in inputs], [s.name for s in outputs], optimize,
@@ -458,6 +462,19 @@ def _translate(exported: Any, args: tuple[torch.Tensor, ...], input_names: list[
         report=False,
     )
 
+
+
+def _direct(gm: torch.fx.GraphModule) -> Any:
+    """The static region as an ExportedProgram without tracing it again (export/program.py), or
+    None: torch.export then traces it, as it does when this fails."""
+    try:
+        program = direct_program(gm, EXPORTED_AS)
+    except Exception as exc:  # a graph this does not read: torch.export's trace reads it
+        log.debug("trtrtx: the region is traced by torch.export (%s)", _first_line(exc))
+        program = None
+    if program is not None:
+        _stats.count("exports_untraced")
+    return program
 
 
 def _export_non_strict(module: torch.nn.Module, args: tuple[torch.Tensor, ...], dynamic_shapes: Any) -> Any:
