@@ -50,6 +50,8 @@ _UNKNOWN_DTYPES = frozenset({torch.float32, torch.float16, torch.bfloat16})  # u
 _STACK_TRACE = "pkg.torch.onnx.stack_trace"
 _FRAME = re.compile(r'File "<eval_with_key>[^"]*", line \d+')
 _ASSIGNMENT = re.compile(r"^\s*([A-Za-z_]\w*)\s*=")
+_FX_NODE_KEY = "pkg.torch.onnx.fx_node"
+_FX_NODE = re.compile(r"^%([A-Za-z_]\w*) :")  # how torch.fx formats a node: "%addmm : [num_users=1] = ..."
 
 
 def check_region(
@@ -170,14 +172,21 @@ def parser_refusals(model: bytes, proto: onnx.ModelProto) -> dict[int, Reason]:
 
 
 def fx_node_name(node: onnx.NodeProto) -> str | None:
-    """The FX node of the exported region that an ONNX node came from, from its source line."""
-    trace = next((p.value for p in node.metadata_props if p.key == _STACK_TRACE), "")
+    """The FX node of the exported region that an ONNX node came from: from its source line when
+    torch.export traced the region (the exported program's nodes have names of their own), else
+    the node the exporter translated, which is the region's own (export/program.py keeps names
+    and records no stack trace)."""
+    props = {p.key: p.value for p in node.metadata_props}
+    trace = props.get(_STACK_TRACE, "")
     lines = trace.splitlines()
     for i in range(len(lines) - 2, -1, -1):  # the innermost frame of the region's generated code
         if _FRAME.search(lines[i]):
             match = _ASSIGNMENT.match(lines[i + 1])
             return match.group(1) if match else None
-    return None
+    if trace:
+        return None
+    match = _FX_NODE.match(props.get(_FX_NODE_KEY, ""))
+    return match.group(1) if match else None
 
 
 def _op_types(node: onnx.NodeProto) -> Iterator[str]:

@@ -92,6 +92,10 @@ def direct_program(gm: torch.fx.GraphModule, prefix: str) -> torch.export.Export
         if node.op == "call_function":
             copied = graph.node_copy(node, lambda n: copies[n])
             copied.meta.setdefault("nn_module_stack", {})  # (the exporter warns for every node without one)
+            # The screen maps ONNX nodes back to region nodes: through torch.export's trace, by the
+            # line of the region's code in the stack trace; here each node keeps the region node's
+            # own name, which the exporter records (build/screen.py, fx_node_name).
+            copied.meta.pop("stack_trace", None)
             copies[node] = copied
         elif node.op not in ("placeholder", "get_attr", "output"):
             return None  # call_module or call_method: not an ATen graph
