@@ -322,6 +322,7 @@ def unbroadcast_weight_matmuls(gm: torch.fx.GraphModule) -> None:
             product = gm.graph.call_function(aten.mm.default, (flat, weight))
             folded = gm.graph.call_function(aten.reshape.default, (product, [*sizes, out.shape[2]]))
         folded.meta["val"] = out  # what later passes read of the replaced node
+        _values(flat, product, x, weight, k)
         node.replace_all_uses_with(folded)
         gm.graph.erase_node(node)
         changed = True
@@ -330,6 +331,23 @@ def unbroadcast_weight_matmuls(gm: torch.fx.GraphModule) -> None:
         gm.graph.lint()
         gm.recompile()
         _stats.count("weight_broadcasts_unfolded")
+
+
+def _values(flat: torch.fx.Node, product: torch.fx.Node, x: torch.fx.Node, weight: torch.fx.Node, k: int) -> None:
+    """The fake values of the new reshape and GEMM, as every node of the region has one (a static
+    region then needs no trace to be exported: export/program.py); left out where they cannot be
+    computed (torch.export then traces the region)."""
+    xv, wv = x.meta.get("val"), weight.meta.get("val")
+    if not (isinstance(xv, torch.Tensor) and isinstance(wv, torch.Tensor)):
+        return
+    try:
+        with _torch_compat.unset_fake_temporarily():  # the values' own fake mode computes them
+            flat_val = xv.reshape(-1, k)
+            product_val = torch.mm(flat_val, wv)
+    except Exception as exc:
+        log.debug("trtrtx: no values for the unfolded GEMM (%s)", _first_line(exc))
+        return
+    flat.meta["val"], product.meta["val"] = flat_val, product_val
 
 
 def _broadcast_source(node: Any) -> torch.fx.Node | None:
