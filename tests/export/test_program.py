@@ -138,3 +138,18 @@ def test_a_program_that_fails_to_build_is_traced_instead(monkeypatch, caplog):
     assert rtx_backend.stats()["exports_traced"] == 1
     assert "traced by torch.export" in caplog.text and "cannot read this graph" in caplog.text
     _check_against_graph(gm, region)
+
+
+def test_an_untraced_program_that_needs_the_decomposition_pass_gets_it():
+    """rsub is not in the exporter's registry: the pass decomposes it, on the untraced program too."""
+    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+
+    def f(x, y):
+        return (torch.ops.aten.rsub.Scalar(torch.ops.aten.mul.Tensor(x, y), 1.0),)
+
+    gm = torch.fx.symbolic_trace(f)
+    FakeTensorProp(gm).propagate(torch.randn(2, 3), torch.randn(2, 3))
+    rtx_backend.reset_stats()
+    region = export_region(gm)
+    assert rtx_backend.stats()["exports_untraced"] == 1 and rtx_backend.stats()["exports_redecomposed"] == 1
+    _check_against_graph(gm, region)
