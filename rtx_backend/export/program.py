@@ -18,7 +18,7 @@ graph signature and module call graph; its tree specs are pytree's, as torch.exp
 
 from __future__ import annotations
 
-import logging
+import operator
 import re
 from typing import Any
 
@@ -27,8 +27,6 @@ from torch.export import graph_signature as sig
 from torch.export.exported_program import ModuleCallEntry, ModuleCallSignature
 
 from .. import _torch_compat
-
-log = logging.getLogger("rtx_backend")
 
 
 def _static(val: Any) -> bool:
@@ -73,7 +71,7 @@ def direct_program(gm: torch.fx.GraphModule, prefix: str) -> torch.export.Export
         if str(node.target) in lifted_by_target:
             copies[node] = lifted_by_target[str(node.target)]
             continue
-        value = _attr(gm, str(node.target))
+        value = operator.attrgetter(str(node.target))(gm)  # (a dotted path: "sub.weight")
         if not isinstance(value, torch.Tensor):
             return None
         name = _placeholder_name(prefix + str(node.target), taken)
@@ -116,13 +114,6 @@ def direct_program(gm: torch.fx.GraphModule, prefix: str) -> torch.export.Export
         root=root, graph=root.graph, graph_signature=signature, state_dict=buffers, range_constraints={},
         module_call_graph=[ModuleCallEntry(fqn="", signature=call)],
     )
-
-
-def _attr(gm: torch.fx.GraphModule, target: str) -> Any:
-    value: Any = gm
-    for part in target.split("."):
-        value = getattr(value, part, None)
-    return value
 
 
 def _placeholder_name(target: str, taken: set[str]) -> str:
