@@ -291,11 +291,8 @@ class WeightGuard:
         except Exception as exc:  # never a stale answer: PyTorch runs the region with the live weights
             if self.options.strict:
                 raise
-            log.warning("trtrtx: region %s: its weights changed and it could not take the new ones (%s: %s); "
-                        "it runs in PyTorch from now on", module.name, type(exc).__name__, exc)
-            log.debug("trtrtx: region %s: weight update failed", module.name, exc_info=exc)
             _new_generation(module, in_pytorch=True)  # (an update of older weights under way is dropped)
-            _stats.count("weight_fallbacks")
+            _not_taken(module, exc)
 
     def _rebind(self, index: int, tensor: torch.Tensor) -> None:
         """Point every use of the constant frozen for `index` at the new tensor."""
@@ -398,10 +395,7 @@ def _in_background(module: RegionModule, generation: int, executor: Any, onnx: O
                 return
             module.updating = None
             module.why = f"its weights changed and it could not take the new ones ({type(exc).__name__}: {exc})"
-        log.warning("trtrtx: region %s: its weights changed and it could not take the new ones (%s: %s); "
-                    "it runs in PyTorch from now on", module.name, type(exc).__name__, exc)
-        log.debug("trtrtx: region %s: weight update failed", module.name, exc_info=exc)
-        _stats.count("weight_fallbacks")
+        _not_taken(module, exc)
         return
     with UPDATES.swap:
         if module.generation != generation:
@@ -411,6 +405,14 @@ def _in_background(module: RegionModule, generation: int, executor: Any, onnx: O
         _install(module, region, new, engine, options, made_for)
         RECHECKS.arm()
     _done(module, action, f"{how} in the background", start)
+
+
+def _not_taken(module: RegionModule, exc: BaseException) -> None:
+    """Say that the region could not take its new weights, and count it (PyTorch runs it now)."""
+    log.warning("trtrtx: region %s: its weights changed and it could not take the new ones (%s: %s); "
+                "it runs in PyTorch from now on", module.name, type(exc).__name__, exc)
+    log.debug("trtrtx: region %s: weight update failed", module.name, exc_info=exc)
+    _stats.count("weight_fallbacks")
 
 
 def _done(module: RegionModule, action: str, how: str, start: float) -> str:

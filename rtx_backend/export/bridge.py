@@ -398,7 +398,7 @@ def export_region(gm: torch.fx.GraphModule, *, optimize: bool = True, keep_weigh
     def export() -> Any:
         with _outside_dynamo(), warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
             warnings.simplefilter("ignore")
-            exported = _direct(gm) if not any(s.dynamic for s in inputs) else None
+            exported = _direct(gm)  # (None for a dynamic region: torch.export traces it)
             # Non-strict torch.export only: the exporter's next strategy, strict export, runs Dynamo,
             # which waits for the compile lock that the user's compile (our caller) holds: a deadlock.
             try:

@@ -74,12 +74,12 @@ def direct_program(gm: torch.fx.GraphModule, prefix: str) -> torch.export.Export
         value = operator.attrgetter(str(node.target))(gm)  # (a dotted path: "sub.weight")
         if not isinstance(value, torch.Tensor):
             return None
-        name = _placeholder_name(prefix + str(node.target), taken)
+        target = prefix + str(node.target)
+        name = _placeholder_name(target, taken)
         lifted = graph.placeholder(name)
         lifted.meta.update(node.meta)
         lifted.meta["val"] = fake_mode.from_tensor(value, static_shapes=True)
         copies[node] = lifted_by_target[str(node.target)] = lifted
-        target = prefix + str(node.target)
         buffers[target] = value
         specs.append(sig.InputSpec(sig.InputKind.BUFFER, sig.TensorArgument(name), target, persistent=True))
     for node in placeholders:
