@@ -1,0 +1,170 @@
+"""GPU probe: where a compiled zoo model's call spends the time its engine does not.
+
+The zoo's split (`engine ms` against the whole call) leaves 0.1 to 0.4 ms per call outside the
+engine on models lowered whole (one region, nothing else in the graph). For each model, with
+trtrtx and TensorRT-RTX's native CUDA graphs, this prints, in CUDA-event milliseconds (median):
+
+- `call`: the compiled model, as the zoo times it;
+- `backend`: what the backend returned for the graph, called without Dynamo (its frame, guards
+  and output rebuilding left out), on the graph's own example inputs;
+- `engine`: the region's executor alone, on the tensors the region receives;
+
+and, in host microseconds from the start of the call: when the engine's enqueue begins, how
+long the enqueue takes on the host, and when the call returns; then torch.profiler's busiest
+host events. `inductor-ro` is timed alongside when asked.
+
+    python bench/probes/call_overhead.py --models hf-bert,tv-resnet50 [--inductor] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+HERE = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(HERE))
+
+import zoo  # noqa: E402
+
+import rtx_backend  # noqa: E402
+from rtx_backend._backend import trtrtx  # noqa: E402
+from rtx_backend._record import recording  # noqa: E402
+from rtx_backend.run import executors  # noqa: E402
+
+
+def median_ms(fn: Any, iters: int) -> float:
+    bench = zoo._bench_module()
+    return float(statistics.median(bench.latencies(fn, iters)))
+
+
+def host_marks(fn: Any, calls: int) -> dict[str, float]:
+    """Host microseconds from a call's start to its enqueue, of the enqueue, and of the call."""
+    marks: list[tuple[float, float]] = []
+    original = executors.TrtExecutor._enqueue
+
+    def timed(self: Any, *args: Any, **kwargs: Any) -> Any:
+        t = time.perf_counter()
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            marks.append((t, time.perf_counter()))
+
+    executors.TrtExecutor._enqueue = timed  # type: ignore[method-assign]
+    rows = []
+    try:
+        for _ in range(calls):
+            marks.clear()
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            fn()
+            end = time.perf_counter()
+            if marks:
+                rows.append(((marks[0][0] - start) * 1e6, sum(b - a for a, b in marks) * 1e6, (end - start) * 1e6))
+    finally:
+        executors.TrtExecutor._enqueue = original  # type: ignore[method-assign]
+    if not rows:
+        return {}
+    return {k: statistics.median(r[i] for r in rows) for i, k in
+            enumerate(("to_enqueue_us", "enqueue_us", "call_us"))}
+
+
+def top_host_events(fn: Any, top: int) -> list[str]:
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(10):
+            fn()
+        torch.cuda.synchronize()
+    table = prof.key_averages().table(sort_by="cpu_time_total", row_limit=top)
+    return str(table).splitlines()
+
+
+def probe(name: str, batch: int, iters: int, inductor: bool, cache_dir: str) -> dict[str, Any]:
+    entry = zoo.ZOO[name]
+    torch.manual_seed(0)
+    base = entry.build("full").cuda()
+    zoo.prepare(base, lambda b: entry.inputs("full", b))
+    model = base.half().requires_grad_(False)
+    x = zoo.cast(entry.inputs("full", batch), torch.float16, "cuda")
+    options = {"min_block_size": 1, "engine_cache_dir": f"{cache_dir}/engines",
+               "runtime_cache_path": f"{cache_dir}/runtime.cache", "cuda_graph_strategy": "whole_graph_capture"}
+    kept: list[tuple[Any, list[Any]]] = []
+
+    def keep(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
+        fn = trtrtx(gm, example_inputs, options=options)
+        kept.append((fn, list(example_inputs)))
+        return fn
+
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend=keep, dynamic=False)
+    row: dict[str, Any] = {"model": name, "batch": batch}
+    with torch.inference_mode():
+        with recording() as graphs:
+            compiled(*x)
+        for _ in range(5):
+            compiled(*x)
+        regions = [r for g in graphs for r in g.regions]
+        row["graphs"] = len(kept)
+        row["regions"] = [r.kind for r in regions]
+        row["call_ms"] = median_ms(lambda: compiled(*x), iters)
+        if len(kept) == 1:
+            fn, example = kept[0]
+            row["backend_ms"] = median_ms(lambda: fn(*example), iters)
+            row["backend_type"] = type(fn).__name__
+        row["engine_ms"] = zoo._bench_module().engine_ms(lambda _x: compiled(*x), None, regions, iters)
+        row.update(host_marks(lambda: compiled(*x), iters))
+        if len(kept) == 1:
+            row.update({f"backend_{k}": v for k, v in host_marks(lambda: kept[0][0](*kept[0][1]), iters).items()})
+        row["host_events"] = top_host_events(lambda: compiled(*x), 20)
+        if inductor:
+            torch._dynamo.reset()
+            ro = torch.compile(model, mode="reduce-overhead", dynamic=False)
+            for _ in range(5):
+                ro(*x)
+            row["inductor_ro_ms"] = median_ms(lambda: ro(*x), iters)
+    row["stats"] = {k: v for k, v in rtx_backend.stats().items() if v}
+    return row
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default="hf-bert,tv-resnet50")
+    parser.add_argument("--batch", type=int, default=0, help="0: the zoo's large batch")
+    parser.add_argument("--iters", type=int, default=100)
+    parser.add_argument("--inductor", action="store_true")
+    parser.add_argument("--out", default="")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        print("call_overhead: needs a CUDA GPU")
+        return 0
+    rows = []
+    with tempfile.TemporaryDirectory() as cache_dir:
+        for name in args.models.split(","):
+            entry = zoo.ZOO[name]
+            batch = args.batch or (zoo.LLM_BATCHES if name == "hf-llama-gqa" else zoo.BATCHES[entry.source])[-1]
+            try:
+                row = probe(name, batch, args.iters, args.inductor, cache_dir)
+            except Exception as exc:  # one model's failure is a result too
+                row = {"model": name, "error": f"{type(exc).__name__}: {exc}"[:500]}
+            events = row.pop("host_events", [])
+            print(f"== {name}: {json.dumps(row)}", flush=True)
+            print("\n".join(events), flush=True)
+            rows.append(row)
+    if args.out:
+        Path(args.out).write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
