@@ -115,6 +115,27 @@ def test_memory_cells_read_both_counts_and_older_results(bench):
     assert bench.memory_cell({"peak_device_mb": None, "peak_torch_mb": None}) == "-"
 
 
+@pytest.mark.parametrize("others, verdict", [
+    ({}, False),  # one backend alone (a cold-compile run): nothing says what FP16's error is here
+    ({"eager": 0.08}, False),  # within ten times eager's
+    ({"eager": 0.01}, True),
+    ({"eager": 0.08, "inductor": 0.001}, True),  # the peers' error is the yardstick before eager's
+])
+def test_a_result_is_judged_wrong_only_against_what_ran_beside_it(bench, others, verdict):
+    report = _report_module()
+    rows = {"trtrtx": {"max_err_vs_fp32": 0.144}, **{k: {"max_err_vs_fp32": v} for k, v in others.items()}}
+    config = {"model": "m", "shape": [1], "dtype": "float16", "backends": rows}
+    assert bench.wrong(config, "trtrtx") is verdict
+    assert report._wrong(config, "trtrtx") is verdict
+
+
+def _report_module():  # type: ignore[no-untyped-def]
+    spec = importlib.util.spec_from_file_location("report_script", ROOT / "bench" / "report.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def test_refit_bench_smoke_runs_and_saves(tmp_path):
     """bench/refit.py on CPU: both variants compile, the weights change twice, results are saved."""
     out = subprocess.run([sys.executable, str(ROOT / "bench" / "refit.py"), "--smoke", "--out", str(tmp_path)],
