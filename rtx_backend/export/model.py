@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import threading
 import warnings
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -83,6 +84,45 @@ class OnnxModel:
         if self.skeleton is None:
             return None
         return self.skeleton, [(name, host_buffer(t)) for name, t in self.weights.items()]
+
+
+def in_memory_initializers(model: OnnxModel) -> tuple[bytes, list[str], list[np.ndarray]] | None:
+    """The skeleton, and each external initializer's name and data as an array of its ONNX dtype
+    and shape, for a runtime that takes initializers from memory (ONNX Runtime's
+    `add_external_initializers`): the whole model is then never serialized, so no copy of its
+    weights is made, and a model above protobuf's 2 GiB loads. The arrays view the weights' host
+    bytes: whoever uses them keeps them. None without a skeleton, or for a dtype numpy has no
+    type for (bfloat16, the float8 types)."""
+    import onnx
+
+    if model.skeleton is None:
+        return None
+    proto = onnx.load_from_string(model.skeleton)
+    declared = {i.name: (i.data_type, tuple(i.dims)) for i in proto.graph.initializer
+                if i.data_location == onnx.TensorProto.EXTERNAL}
+    if set(declared) != set(model.weights):
+        return None
+    read = {o.name for o in proto.graph.output} | set(_inputs_read(proto.graph))
+    names, arrays = [], []
+    for name, tensor in model.weights.items():
+        if name not in read:  # (ONNX Runtime drops an initializer no node reads, then refuses its data)
+            continue
+        elem, dims = declared[name]
+        if elem in (onnx.TensorProto.BFLOAT16, onnx.TensorProto.STRING, onnx.TensorProto.UNDEFINED) \
+                or elem > onnx.TensorProto.UINT64:
+            return None  # no numpy dtype ONNX Runtime takes (bfloat16, the float8 and 4-bit types)
+        names.append(name)
+        arrays.append(host_buffer(tensor).view(onnx.helper.tensor_dtype_to_np_dtype(elem)).reshape(dims))
+    return model.skeleton, names, arrays
+
+
+def _inputs_read(graph: Any) -> Iterator[str]:
+    """The names the graph's nodes read, those in subgraphs (If/Loop/Scan bodies) too."""
+    for node in graph.node:
+        yield from node.input
+        for attr in node.attribute:
+            for sub in ([attr.g] if attr.HasField("g") else []) + list(attr.graphs):
+                yield from _inputs_read(sub)
 
 
 def as_bytes(model: bytes | OnnxModel, *, keep: bool = True) -> bytes:

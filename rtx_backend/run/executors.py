@@ -29,7 +29,7 @@ from .._errors import CudaGraphError, RtxBackendError, RuntimeUnavailableError
 from .._options import Options
 from .._types import EngineData, OnnxRegion
 from ..build.engine import load_weightless, parser_errors
-from ..export.model import OnnxModel, as_bytes
+from ..export.model import OnnxModel, as_bytes, in_memory_initializers
 from ..run import runtime_cache as _runtime_cache
 
 log = logging.getLogger("rtx_backend")
@@ -125,7 +125,17 @@ class OrtExecutor(Executor):
         # process that compiled again and again grew by about the weights' size each time
         # (bench/graph_cache_memory.py); the fallback runtime is not the fast path.
         opts.add_session_config_entry("session.disable_prepacking", "1")
-        self.session = ort.InferenceSession(region.model, opts, providers=["CPUExecutionProvider"])
+        # From the skeleton, its weights handed over from memory where it has one: no serialized
+        # copy of the model (1.5 s for BERT-base), and a model above protobuf's 2 GiB loads too.
+        parts = in_memory_initializers(region.source) if isinstance(region.source, OnnxModel) else None
+        self._weights: list[Any] = []  # (ONNX Runtime reads the arrays in place: they live as long as it)
+        if parts is not None:
+            model, names, arrays = parts
+            self._weights = [(a, ort.OrtValue.ortvalue_from_numpy(a)) for a in arrays]
+            opts.add_external_initializers(names, [value for _, value in self._weights])
+        else:
+            model = region.model
+        self.session = ort.InferenceSession(model, opts, providers=["CPUExecutionProvider"])
         self.region = region
         self.lock = threading.Lock()
 

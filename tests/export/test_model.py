@@ -243,3 +243,69 @@ def test_a_model_larger_than_protobuf_serializes_is_refused_before_any_copy(monk
     with pytest.raises(ValueError, match="larger than the 2 GiB"):
         model.serialize()
     assert model.size() == _onnx_model.PROTOBUF_LIMIT + len(b"skeleton")
+
+
+def _ort_region(source, dtype) -> OnnxRegion:
+    torch_dtype = torch.from_numpy(np.zeros(1, dtype)).dtype
+    return OnnxRegion(source, (0,), (TensorSpec("x", (4, 64), torch_dtype, (4, 64)),),
+                      (TensorSpec("y", (4, 32), torch_dtype, (4, 32)),))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_onnxruntime_takes_the_skeleton_and_its_weights_from_memory(monkeypatch, dtype):
+    from rtx_backend.run.executors import OrtExecutor
+
+    proto = _proto(dtype)
+    x = torch.from_numpy(np.random.default_rng(1).standard_normal((4, 64)).astype(dtype))
+    whole = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    expected = whole.run(None, {"x": x.numpy()})[0]
+
+    def copied(*args, **kwargs):
+        raise AssertionError("the model was serialized")
+
+    held = OnnxModel(ir.from_proto(proto))
+    assert held.weights  # (w is external in the skeleton)
+    monkeypatch.setattr(OnnxModel, "serialize", copied)
+    (out,) = OrtExecutor(_ort_region(held, dtype)).run((x,), (x,))
+    np.testing.assert_array_equal(out.numpy(), expected)
+
+
+def test_onnxruntime_loads_a_model_larger_than_protobuf_serializes(monkeypatch):
+    from rtx_backend.run.executors import OrtExecutor
+
+    held = OnnxModel(ir.from_proto(_proto()))
+    monkeypatch.setattr(_onnx_model, "PROTOBUF_LIMIT", 1024)  # the model's 8 KiB weight is "too large"
+    with pytest.raises(ValueError, match="larger than the 2 GiB"):
+        held.serialize()
+    x = torch.ones(4, 64)
+    (out,) = OrtExecutor(_ort_region(held, np.float32)).run((x,), (x,))
+    assert out.shape == (4, 32) and torch.isfinite(out).all()
+
+
+def test_a_weight_numpy_has_no_dtype_for_sends_onnxruntime_the_whole_model():
+    held = OnnxModel(ir.from_proto(_proto(np.float16)))
+    assert _onnx_model.in_memory_initializers(held) is not None
+    skeleton = onnx.load_from_string(held.skeleton)
+    for init in skeleton.graph.initializer:
+        if init.name == "w":
+            init.data_type = TensorProto.BFLOAT16  # (the same two bytes an element)
+    relabelled = OnnxModel(skeleton=skeleton.SerializeToString(), weights=held.weights)
+    assert _onnx_model.in_memory_initializers(relabelled) is None
+    assert _onnx_model.in_memory_initializers(OnnxModel(skeleton=held.skeleton, weights={})) is None
+
+
+def test_a_weight_no_node_reads_is_not_handed_to_onnxruntime(monkeypatch):
+    from rtx_backend.run.executors import OrtExecutor
+
+    proto = _proto()
+    unused = numpy_helper.from_array(np.ones((64, 32), np.float32), "unused")  # (large: external too)
+    proto.graph.initializer.append(unused)
+    held = OnnxModel(ir.from_proto(proto))
+    assert set(held.weights) == {"w", "unused"}
+    parts = _onnx_model.in_memory_initializers(held)
+    assert parts is not None and parts[1] == ["w"]
+    x = torch.ones(4, 64)
+    (out,) = OrtExecutor(_ort_region(held, np.float32)).run((x,), (x,))
+    expected = ort.InferenceSession(_proto().SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, {"x": x.numpy()})[0]
+    np.testing.assert_array_equal(out.numpy(), expected)
