@@ -18,9 +18,10 @@ every other node of the pattern's next op (every Slice of the graph, for each Sl
 torchvision's Swin-T, 0.4 s of the CPU's 2.3 s optimizing, for no match). Where the pattern
 reads one variable in both nodes (SlicesSplit's `x`), only the nodes that read the tensor the
 first node reads, at that input, can match: those are tried alone, and where several match, the
-one that comes first in the graph is taken, as onnxscript's search takes it. The optimized
-model is the same; where this onnxscript's rewriter is
-not laid out as expected, the optimizer runs as it is.
+one that comes first in the graph is taken, as onnxscript's search takes it.
+
+The optimized model is the same; where this onnxscript's rewriter is not laid out as expected,
+the optimizer runs as it is.
 """
 
 from __future__ import annotations

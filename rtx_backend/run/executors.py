@@ -127,6 +127,8 @@ class OrtExecutor(Executor):
         opts.add_session_config_entry("session.disable_prepacking", "1")
         # From the skeleton, its weights handed over from memory where it has one: no serialized
         # copy of the model (1.5 s for BERT-base), and a model above protobuf's 2 GiB loads too.
+        # ONNX Runtime then reads the weights in place, as TensorRT-RTX's parser does at a build:
+        # the weight check (assemble/weights.py) still decides whether a call's result stands.
         parts = in_memory_initializers(region.source) if isinstance(region.source, OnnxModel) else None
         self._weights: list[Any] = []  # (ONNX Runtime reads the arrays in place: they live as long as it)
         if parts is not None:
