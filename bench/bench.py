@@ -600,21 +600,22 @@ def result_path(kind: str, env: dict[str, Any], folder: Path | None = None) -> P
     return (folder or Path(__file__).parent / "results") / f"{env['date']}-{device}-{version}-{kind}.json"
 
 
-PEERS = ("inductor", "inductor-ro", "torch_tensorrt")
+@functools.cache
+def _report() -> Any:
+    """bench/report.py, which judges a saved result the same way (loaded by path: both are scripts)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_report", Path(__file__).parent / "report.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def wrong(config: dict[str, Any], backend: str) -> bool:
-    """Whether a backend's result is far off FP32 eager: an error above 0.1 and ten times the
-    largest error of the peers on the same model (eager's where no peer ran). A fast wrong answer
-    is not a result: such timings are marked and left out of the ratios."""
-    rows = config["backends"]
-    err = rows.get(backend, {}).get("max_err_vs_fp32")
-    others = [rows[p]["max_err_vs_fp32"] for p in PEERS if "max_err_vs_fp32" in rows.get(p, {})]
-    if not others and "max_err_vs_fp32" in rows.get("eager", {}):
-        others = [rows["eager"]["max_err_vs_fp32"]]
-    if not others:  # nothing ran beside it (one backend's cold compile): FP16's own error is unknown
-        return False
-    return err is not None and err > max(0.1, 10 * max(others))
+    """Whether a backend's result is far off FP32 eager (report.wrong): a fast wrong answer is not
+    a result, so such timings are marked and left out of the ratios."""
+    return bool(_report().wrong(config, backend))
 
 
 def table(results: dict[str, Any]) -> str:

@@ -45,8 +45,10 @@ def version(result: dict[str, Any]) -> str:
     return ".".join(str(_env(result).get("tensorrt_rtx") or "none").split(".")[:3])
 
 
-def _wrong(config: dict[str, Any], backend: str) -> bool:
-    """bench.wrong: a result ten times (and 0.1) further from FP32 eager than the peers' is no result."""
+def wrong(config: dict[str, Any], backend: str) -> bool:
+    """Whether a backend's result is far off FP32 eager: an error above 0.1 and ten times the
+    largest error of the peers on the same model (eager's where no peer ran); not judged where
+    nothing ran beside it. bench.py marks its tables with it too."""
     rows = config["backends"]
     err = rows.get(backend, {}).get("max_err_vs_fp32")
     others = [rows[p]["max_err_vs_fp32"] for p, _ in PEERS if "max_err_vs_fp32" in rows.get(p, {})]
@@ -61,7 +63,7 @@ def _best(config: dict[str, Any]) -> tuple[float, str] | None:
     """trtrtx's better strategy (median ms, backend), wrong results left out."""
     rows = config["backends"]
     ours = [(rows[k]["median_ms"], k) for k in ("trtrtx", "trtrtx-cg")
-            if "median_ms" in rows.get(k, {}) and not _wrong(config, k)]
+            if "median_ms" in rows.get(k, {}) and not wrong(config, k)]
     return min(ours) if ours else None
 
 
@@ -116,7 +118,7 @@ def models_table(result: dict[str, Any]) -> str:
     for c in result["configs"]:
         rows = c["backends"]
         model, batch, dtype = _label(c)
-        ms = " / ".join(f"{rows[k]['median_ms']:.3f}{' WRONG' if _wrong(c, k) else ''}" if "median_ms" in rows.get(k, {})
+        ms = " / ".join(f"{rows[k]['median_ms']:.3f}{' WRONG' if wrong(c, k) else ''}" if "median_ms" in rows.get(k, {})
                         else "-" for k in ("trtrtx", "trtrtx-cg"))
         best = _best(c)
         ratios = [_ratio(c, p, best[0]) if best else "-" for p, _ in peers]

@@ -126,7 +126,7 @@ def test_a_result_is_judged_wrong_only_against_what_ran_beside_it(bench, others,
     rows = {"trtrtx": {"max_err_vs_fp32": 0.144}, **{k: {"max_err_vs_fp32": v} for k, v in others.items()}}
     config = {"model": "m", "shape": [1], "dtype": "float16", "backends": rows}
     assert bench.wrong(config, "trtrtx") is verdict
-    assert report._wrong(config, "trtrtx") is verdict
+    assert report.wrong(config, "trtrtx") is verdict
 
 
 def _report_module():  # type: ignore[no-untyped-def]
