@@ -104,6 +104,10 @@ class Options:
     that is not lowered and a region that falls back run inductor's code too), or auto: inductor
     for a graph whose lowering failed and where GEMMs, attention or convolutions run outside the
     regions, pytorch where the rest is only glue. See docs/rest.md."""
+    compile_threads: int | None = None
+    """CPU threads TensorRT-RTX may use to build an engine and to compile its kernels when the
+    engine is loaded (the builder's and the runtime's max_threads); None: every CPU this process
+    may run on."""
     fastest: bool = False
     """With rest="inductor": time each region's engine against inductor's code for it on its
     first calls and keep the faster (the decision is stored beside the engine, per GPU and
@@ -246,6 +250,13 @@ def as_int(value: Any) -> int | None:
         return operator.index(value)
     except TypeError:
         return None
+
+
+def _optional(check: Any) -> Any:
+    def optional(key: str, value: Any) -> Any:
+        return None if value is None else check(key, value)
+
+    return optional
 
 
 def _int_at_least(low: int, high: int | None = None) -> Any:
@@ -397,6 +408,7 @@ _VALIDATORS: dict[str, Any] = {
     "weights": _choice(WEIGHT_MODES),
     "weight_update": _choice(WEIGHT_UPDATES),
     "rest": _choice(RESTS),
+    "compile_threads": _optional(_int_at_least(1)),
     "fastest": _bool,
 }
 

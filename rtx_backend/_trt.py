@@ -7,6 +7,7 @@ missing; every caller goes through `trt()`.
 from __future__ import annotations
 
 import functools
+import os
 import re
 from types import ModuleType
 from typing import Any
@@ -130,3 +131,20 @@ def check_buildable(targets: tuple[Target, ...]) -> None:
         raise TargetError(
             f"target_compute_capabilities {bad} cannot be built by {who}; it builds for: {names}"
         )
+
+
+def threads(requested: int | None = None) -> int:
+    """The CPU threads TensorRT-RTX may use (the `compile_threads` option): `requested`, or every
+    CPU this process may run on. Its builder and runtime use one thread unless told otherwise."""
+    if requested is not None:
+        return requested
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):  # no affinity API (macOS, Windows)
+        return os.cpu_count() or 1
+
+
+def allow_threads(obj: Any, count: int | None = None) -> None:
+    """Let a TensorRT-RTX builder or runtime use `threads(count)` threads (where it has the setting)."""
+    if hasattr(obj, "max_threads"):
+        obj.max_threads = threads(count)

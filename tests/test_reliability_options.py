@@ -84,6 +84,9 @@ BAD_VALUES = [
     ("weight_update", 1, "wait"),
     ("rest", "tvm", "['auto', 'pytorch', 'inductor']"),
     ("rest", None, "inductor"),
+    ("compile_threads", 0, "integer >= 1"),
+    ("compile_threads", True, "integer >= 1"),
+    ("compile_threads", "all", "integer >= 1"),
     ("fastest", "yes", "True or False"),
     ("fastest", True, "needs rest='inductor'"),
 ]
@@ -214,6 +217,7 @@ def _option_dicts(root: str) -> st.SearchStrategy:
         "strict": st.booleans(),
         "progress": st.booleans(),
         "optimize_onnx": st.booleans(),
+        "compile_threads": st.one_of(st.none(), st.integers(1, 4)),
     }
     target = st.one_of(st.tuples(st.integers(0, 14), st.integers(0, 9)),
                        st.sampled_from(["8.6", "7.5", "8.6.1", "x", (8,), (8, 6, 1), (8.0, 6)]))
@@ -250,6 +254,7 @@ def test_random_option_dicts_are_accepted_or_rejected_with_our_error(data, tmp_p
     # Accepted: what the pipeline relies on holds.
     assert set(options) <= {f.name for f in dataclasses.fields(Options)}
     assert opts.min_block_size >= 1 and 1 <= opts.default_max_dim <= MAX_DIM
+    assert opts.compile_threads is None or opts.compile_threads >= 1
     if opts.target_compute_capabilities is not None:
         assert opts.target_compute_capabilities and set(opts.target_compute_capabilities) <= set(SUPPORTED)
     for dims in (opts.dynamic_shapes or {}).values():

@@ -159,14 +159,15 @@ def build_for(model: bytes | OnnxModel | Network, options: Options, profile: Pro
     with _stats.stage("build"), build_progress(options) as monitor:
         if refittable:
             try:
-                return build(model, targets, profile, monitor=monitor, refittable=True).data
+                return build(model, targets, profile, monitor=monitor, refittable=True,
+                             threads=options.compile_threads).data
             except BuildError as exc:  # a weight change then builds the engine again instead
                 # not tried again for these targets in this process: a failed build costs seconds
                 REFITS.refused.add(targets)
                 log.info("trtrtx: TensorRT-RTX builds no refittable engine for %s here (%s); engines are built "
                          "as for frozen weights, and a weight change builds the region's engine again",
                          _targets.describe(targets) if targets else "this GPU", exc)
-        return build(model, targets, profile, monitor=monitor).data
+        return build(model, targets, profile, monitor=monitor, threads=options.compile_threads).data
 
 
 class Refits:

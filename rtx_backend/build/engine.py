@@ -127,16 +127,19 @@ def build(
     *,
     monitor: Any | None = None,
     refittable: bool = False,
+    threads: int | None = None,
 ) -> BuiltEngine:
     """Build a serialized engine; raises BuildError with TensorRT-RTX's own messages.
     `refittable`: built with BuilderFlag.REFIT, so that new weights can replace the ones it
-    froze without a rebuild (see assemble/weights.py)."""
+    froze without a rebuild (see assemble/weights.py). `threads`: the builder's CPU threads
+    (None: every CPU this process may run on; see _trt.threads)."""
     trt = _trt.trt()
     errors = _trt.logger().errors
     errors.clear()
     start = time.perf_counter()
     parsed = parse(model)
     builder, network = parsed.builder, parsed.network
+    _trt.allow_threads(builder, threads)
     config = builder.create_builder_config()
     configure_targets(config, targets)
     if refittable:

@@ -188,14 +188,16 @@ def run_with_own_scratch(fn: Callable[..., Any], *args: Any) -> Any:
         _SCRATCH_OF_OUR_OWN.reset(token)
 
 
-def deserialize(engine_bytes: EngineData) -> Any:
-    """The engine on this GPU, or raise RuntimeUnavailableError saying why it cannot run here."""
+def deserialize(engine_bytes: EngineData, threads: int | None = None) -> Any:
+    """The engine on this GPU, or raise RuntimeUnavailableError saying why it cannot run here.
+    `threads`: the runtime's CPU threads (None: every CPU this process may run on)."""
     if not torch.cuda.is_available():
         raise RuntimeUnavailableError("no usable CUDA GPU")
     trt = _trt.trt()
     errors = _trt.logger().errors
     errors.clear()
     runtime = trt.Runtime(_trt.logger())
+    _trt.allow_threads(runtime, threads)
     engine = runtime.deserialize_cuda_engine(engine_bytes)
     if engine is None:
         why = "; ".join(errors) or "deserialize_cuda_engine returned None"
@@ -269,7 +271,7 @@ class TrtExecutor(Executor):
     fixed_shapes = True
 
     def __init__(self, engine_bytes: EngineData, region: OnnxRegion, options: Options, name: str = "region") -> None:
-        self.runtime, self.engine = deserialize(engine_bytes)
+        self.runtime, self.engine = deserialize(engine_bytes, options.compile_threads)
         self.name = name
         self.region = region
         self.options = options
