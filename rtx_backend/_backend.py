@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from . import _stats, _torch_compat
+from . import _host, _stats, _torch_compat
 from ._errors import OptionsError, RuntimeUnavailableError
 from ._options import options_for_mode
 from .assemble import rest as _rest
@@ -50,7 +50,8 @@ def trtrtx(
         log.info("trtrtx: this graph takes meta tensors; it runs in PyTorch (meta outputs, as in eager mode)")
         return gm.forward
     try:
-        with _engine_cache.digest_scope():  # weights are hashed once: for the graph key and the engine keys
+        # weights are hashed once (for the graph key and the engine keys), copied to the host once
+        with _engine_cache.digest_scope(), _host.sharing():
             roots: list[torch.fx.GraphModule] = []
             fn = compile_or_reuse(gm, example_inputs, opts, roots)
         # (inside the net below: a graph whose weights cannot be checked runs in PyTorch)

@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from .. import _host
 from .._options import Options
 from .._record import CompiledGraph, record
 from ..build.profiles import symbol_overrides
@@ -57,6 +58,7 @@ def compile_or_reuse(
     if graphs is not None and key is not None:
         reused = from_graph_cache(graphs, key, example_inputs, options, overrides, roots)
         if reused is not None:
+            _host.release()  # nothing reads the weights' host copies now
             if on_direct is not None:
                 on_direct(roots[-1])
             return reused

@@ -46,7 +46,7 @@ import filelock
 import numpy as np
 import torch
 
-from .. import _files, _stats, _targets, _torch_compat, _trt, _trust
+from .. import _files, _host, _stats, _targets, _torch_compat, _trt, _trust
 from .._options import Options
 from .._types import EngineData, OnnxRegion, Profile, TensorSpec
 from ..export.model import OnnxModel, as_bytes
@@ -147,14 +147,15 @@ def tensor_digests(tensors: Sequence[torch.Tensor], *, remember: bool = False) -
     constants), so that no freed memory is mistaken for one of them. Nothing writes to weights
     during a compile."""
     known = _KNOWN.get()
+    copies = _host.current()  # (the pool's threads do not see the compile's scope)
     places = [_memory(t) for t in tensors]
     digests = [known.get(p) if known and p is not None else None for p in places]
     todo = [t for t, d in zip(tensors, digests) if d is None]
     if sum(t.numel() * t.element_size() for t in todo) >= PARALLEL_HASH_BYTES and len(todo) > 1:
         with concurrent.futures.ThreadPoolExecutor(min(len(todo), os.cpu_count() or 1, 8)) as pool:
-            hashed = iter(list(pool.map(_tensor_digest, todo)))
+            hashed = iter(list(pool.map(lambda t: _tensor_digest(t, copies), todo)))
     else:
-        hashed = iter([_tensor_digest(t) for t in todo])
+        hashed = iter([_tensor_digest(t, copies) for t in todo])
     digests = [d if d is not None else next(hashed) for d in digests]
     if remember and known is not None:
         for place, digest in zip(places, digests):
@@ -178,16 +179,11 @@ def digest_scope() -> Iterator[None]:
         _KNOWN.reset(token)
 
 
-def _memory(t: torch.Tensor) -> tuple[Any, ...] | None:
-    """Where a tensor's elements are: equal for two tensors that view the same elements."""
-    try:
-        return (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()), t.dtype, t.device)
-    except Exception:  # no storage (meta, fake, sparse)
-        return None
+_memory = _host.place
 
 
-def _tensor_digest(t: torch.Tensor) -> bytes | None:
-    data = _tensor_bytes(t)
+def _tensor_digest(t: torch.Tensor, copies: _host.Copies | None = None) -> bytes | None:
+    data = _tensor_bytes(t, copies)
     return None if data is None else hashlib.sha256(data).digest()
 
 
@@ -571,9 +567,9 @@ def fetch_attr(gm: torch.nn.Module, target: str) -> Any:
     return value
 
 
-def _tensor_bytes(t: torch.Tensor) -> memoryview | None:
+def _tensor_bytes(t: torch.Tensor, copies: _host.Copies | None = None) -> memoryview | None:
     try:
-        flat = t.detach().to("cpu").contiguous().reshape(-1)
+        flat = _host.host_copy(t, copies).reshape(-1)
         return flat.view(torch.uint8).numpy().data
     except Exception:  # meta or fake tensors, sparse or quantized layouts
         return None

@@ -22,6 +22,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from .. import _host
+
 log = logging.getLogger("rtx_backend")
 
 EXTERNAL_MIN_BYTES = 1024  # smaller initializers stay in the skeleton: not worth a parser call each
@@ -180,7 +182,7 @@ def host_buffer(tensor: Any) -> np.ndarray:
         return tensor
     raw = getattr(tensor, "raw", None)
     if isinstance(raw, torch.Tensor):
-        out = _torch_bytes(raw.detach().cpu().contiguous())
+        out = _torch_bytes(_host.host_copy(raw))  # a compile copies each weight once (_host.py)
     else:
         array = tensor.numpy()
         try:

@@ -550,7 +550,7 @@ def test_a_refittable_build_that_fails_is_not_tried_again_for_the_same_targets(m
 
     tried: list[bool] = []
 
-    def fake_build(model, targets, profile, *, monitor=None, refittable=False):
+    def fake_build(model, targets, profile, *, monitor=None, refittable=False, threads=None):
         tried.append(refittable)
         if refittable:
             raise BuildError("Myelin: target_sm '90' does not have arch kind assigned")
