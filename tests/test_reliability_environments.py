@@ -128,7 +128,7 @@ def refusing_gpu(monkeypatch):
     """An SM 8.6 GPU on which TensorRT-RTX's deserialize fails (say, a driver too old for it)."""
     calls = []
 
-    def deserialize(engine_bytes):
+    def deserialize(engine_bytes, threads=None):
         calls.append(len(engine_bytes))
         raise RuntimeUnavailableError(f"TensorRT-RTX cannot run this engine on this GPU: {REFUSAL}")
 

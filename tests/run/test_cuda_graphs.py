@@ -149,7 +149,7 @@ def fake_executor(monkeypatch):
 
     def make(*, capturable: bool = True, dynamic: bool = False, **options):
         engine = FakeEngine(capturable)
-        monkeypatch.setattr(_executors, "deserialize", lambda data: (None, engine))
+        monkeypatch.setattr(_executors, "deserialize", lambda data, threads=None: (None, engine))
         shape: tuple[int | str, ...] = ("s0", 4) if dynamic else (2, 4)
         bounds = ((2, None), (4, 4)) if dynamic else ((2, 2), (4, 4))
         region = OnnxRegion(
