@@ -3,19 +3,21 @@
 A compile reads every weight's bytes on the host up to three times: to hash it (the graph and
 engine-cache keys), to hand it to TensorRT-RTX's ONNX parser by pointer, and to give it to ONNX
 Runtime. For a model on the GPU each read was a device-to-host copy of its own: for a 1B-parameter
-model in FP16, 2.5 GB crossed the bus twice before the build started. Within `sharing()` (the
-backend's compile), `host_copy` makes one copy per tensor and hands the same one to every reader.
+model in FP16, 2.5 GB crossed the bus twice before the build started, and once more for the
+engine cache. Within `sharing()` (the backend's compile, and the engine-cache store it leaves to
+the writer thread), `host_copy` makes one copy per tensor and hands the same one to every reader.
 """
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 import torch
 
+R = TypeVar("R")
 Place = tuple[Any, ...]
 Copies = dict[Place, tuple[torch.Tensor, torch.Tensor]]  # place -> (the tensor, its host copy)
 
@@ -43,6 +45,19 @@ def release() -> None:
 def current() -> Copies | None:
     """The scope's copies, for threads that work for it (a thread does not inherit the scope)."""
     return _COPIES.get()
+
+
+def within(copies: Copies | None, fn: Callable[..., R]) -> Callable[..., R]:
+    """`fn`, run in the scope whose `copies` these are (for work a compile hands to another thread,
+    such as the engine cache's store: it then writes the copies the compile made)."""
+    def run(*args: Any) -> R:
+        token = _COPIES.set(copies)
+        try:
+            return fn(*args)
+        finally:
+            _COPIES.reset(token)
+
+    return run
 
 
 def place(t: torch.Tensor) -> Place | None:

@@ -308,7 +308,8 @@ class EngineCache:
     def store_later(self, key: Key, entry: EngineEntry) -> concurrent.futures.Future[Any]:
         """`store` on the writer thread: the first result need not wait for a large engine's
         (and its ONNX model's) bytes to reach the disk."""
-        return write_behind(key, self.store, key, entry)
+        # with the compile's host copies: its weights cross to the host once (_host.py)
+        return write_behind(key, _host.within(_host.current(), self.store), key, entry)
 
     def store(self, key: Key, entry: EngineEntry) -> bool:
         """Write an entry (atomically, under the directory's lock) and evict beyond the limit."""

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import rtx_backend
-from rtx_backend import _host
+from rtx_backend import Options, _host
 from rtx_backend.cache import engines as _engine_cache
 from rtx_backend.export.model import host_buffer
 
@@ -74,6 +74,20 @@ def test_copies_of_a_scope_are_let_go_when_it_ends_or_is_released():
     assert _host.current() is None
 
 
+def test_another_thread_uses_the_scope_it_is_handed():
+    w = torch.randn(8, 8).t()
+    with _host.sharing():
+        mine = _host.host_copy(w)
+        copies = _host.current()
+    seen = []
+    for fn in (_host.within(copies, _host.host_copy), _host.host_copy):
+        thread = threading.Thread(target=lambda fn=fn: seen.append(fn(w)))
+        thread.start()
+        thread.join()
+    assert seen[0] is mine  # handed the compile's scope (the engine cache's writer is)
+    assert seen[1] is not mine and torch.equal(seen[1], mine)  # a thread does not inherit it
+
+
 def test_views_of_other_elements_get_copies_of_their_own():
     base = torch.arange(24.0).reshape(4, 6)
     a, b = base[:, :3], base[:, 3:]
@@ -86,9 +100,8 @@ def test_a_cuda_model_compiles_with_one_host_copy_of_each_weight(monkeypatch):
     made: collections.Counter = collections.Counter()
     real = _host._to_host
 
-    def to_host(t):  # the engine cache's writer thread stores the entry after the compile: not counted
-        if not threading.current_thread().name.startswith("trtrtx-cache-write"):
-            made[_host.place(t)] += 1
+    def to_host(t):
+        made[_host.place(t), threading.current_thread().name.startswith("trtrtx-cache-write")] += 1
         return real(t)
 
     monkeypatch.setattr(_host, "_to_host", to_host)
@@ -98,5 +111,7 @@ def test_a_cuda_model_compiles_with_one_host_copy_of_each_weight(monkeypatch):
     torch.testing.assert_close(out, model(x), atol=2e-2, rtol=2e-2)
     assert rtx_backend.stats()["engine_builds"] == 1
     weights = {_host.place(p.detach()) for p in model.parameters() if p.dim() > 1}
-    assert weights <= set(made)  # each weight was read on the host: its digest, then the parser
-    assert set(made.values()) == {1}
+    assert weights <= {where for where, _ in made}  # read on the host: digests, parser, engine cache
+    assert set(made.values()) == {1}  # once each
+    assert not any(writer for _, writer in made)  # the cache's writer stored the compile's copies
+    assert rtx_backend.stats()["engine_cache_misses"] == 1 and list(Options().engine_cache_path.glob("*.engine"))
