@@ -1,10 +1,10 @@
 """Host copies of a model's tensors, made once per compile.
 
-A compile reads every weight's bytes on the host up to three times: to hash it (the graph and
-engine-cache keys), to hand it to TensorRT-RTX's ONNX parser by pointer, and to give it to ONNX
-Runtime. For a model on the GPU each read was a device-to-host copy of its own: for a 1B-parameter
-model in FP16, 2.5 GB crossed the bus twice before the build started, and once more for the
-engine cache. Within `sharing()` (the backend's compile, and the engine-cache store it leaves to
+A compile reads every weight's bytes on the host several times: to hash it (the graph and
+engine-cache keys), to hand it to TensorRT-RTX's ONNX parser by pointer or to ONNX Runtime, and to
+store it in the engine cache. For a model on the GPU each read was a device-to-host copy of its
+own: for a 1B-parameter model in FP16, 2.5 GB crossed the bus twice before the build started, and
+once more for the engine cache. Within `sharing()` (the backend's compile, and the engine-cache store it leaves to
 the writer thread), `host_copy` makes one copy per tensor and hands the same one to every reader.
 """
 
@@ -75,17 +75,14 @@ def host_copy(t: torch.Tensor, copies: Copies | None = None) -> torch.Tensor:
     t = t.detach()
     if t.device.type == "cpu" and t.is_contiguous():
         return t
-    if copies is None:
-        copies = _COPIES.get()
-    where = place(t) if copies is not None else None
-    if where is not None and copies is not None:
-        known = copies.get(where)
-        if known is not None:
-            return known[1]
-    out = _to_host(t)
-    if where is not None and copies is not None:
-        copies[where] = (t, out)
-    return out
+    copies = _COPIES.get() if copies is None else copies
+    where = place(t)
+    if copies is None or where is None:  # outside a scope, or no storage to know the tensor by
+        return _to_host(t)
+    known = copies.get(where)
+    if known is None:
+        known = copies[where] = (t, _to_host(t))
+    return known[1]
 
 
 def _to_host(t: torch.Tensor) -> torch.Tensor:

@@ -148,7 +148,7 @@ def tensor_digests(tensors: Sequence[torch.Tensor], *, remember: bool = False) -
     during a compile."""
     known = _KNOWN.get()
     copies = _host.current()  # (the pool's threads do not see the compile's scope)
-    places = [_memory(t) for t in tensors]
+    places = [_host.place(t) for t in tensors]
     digests = [known.get(p) if known and p is not None else None for p in places]
     todo = [t for t, d in zip(tensors, digests) if d is None]
     if sum(t.numel() * t.element_size() for t in todo) >= PARALLEL_HASH_BYTES and len(todo) > 1:
@@ -177,9 +177,6 @@ def digest_scope() -> Iterator[None]:
         yield
     finally:
         _KNOWN.reset(token)
-
-
-_memory = _host.place
 
 
 def _tensor_digest(t: torch.Tensor, copies: _host.Copies | None = None) -> bytes | None:

@@ -46,7 +46,7 @@ from typing import Any
 
 import torch
 
-from .. import _files, _stats, _targets, _torch_compat, _trt, _trust
+from .. import _files, _host, _stats, _targets, _torch_compat, _trt, _trust
 from .._options import Options
 from ..lower.lowering import is_weight
 from . import engines as _engine_cache
@@ -266,7 +266,7 @@ _NOT_STORED = ("_tracer_cls", "_tracer_extras", "meta")
 class _Pickler(pickle.Pickler):
     def __init__(self, file: io.BytesIO, weights: dict[int, torch.Tensor], regions: dict[int, str]) -> None:
         super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
-        self.weights = {m: i for i, t in weights.items() if (m := _engine_cache._memory(t)) is not None}
+        self.weights = {m: i for i, t in weights.items() if (m := _host.place(t)) is not None}
         self.regions = regions  # id of each region module -> its name (stored as its engine's reference)
 
     def reducer_override(self, obj: Any) -> Any:
@@ -283,7 +283,7 @@ class _Pickler(pickle.Pickler):
         if region is not None:
             return ("region", region)
         if isinstance(obj, torch.Tensor):
-            index = self.weights.get(_engine_cache._memory(obj))  # type: ignore[arg-type]
+            index = self.weights.get(_host.place(obj))  # type: ignore[arg-type]
             if index is not None:
                 return ("weight", index)
         return None
