@@ -15,7 +15,8 @@ package is not needed to compile. Import it for the tools:
     stats(), reset_stats()                  event counters: compiles, engine builds, cache hits
     preload()                               pay one-time costs up front (a server's start-up)
     save_runtime_cache()                    write TensorRT-RTX's JIT kernel cache now
-    wait_for_updates()                      wait until engines have the weights changed since compile
+    wait_for_updates()                      wait until engines have the weights changed since compile,
+                                            and engines built in the background are in place
     save(model, inputs, path, options=...)  a .pt2 of the compiled model (engines inside)
     load(path)                              that .pt2, checked, ready to run (no trace, no build)
 

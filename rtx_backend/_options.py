@@ -27,6 +27,7 @@ SPECIALIZATION_STRATEGIES = ("lazy", "eager", "none")
 CUDA_GRAPH_STRATEGIES = ("disabled", "whole_graph_capture")
 WEIGHT_MODES = ("checked", "refit", "frozen")
 WEIGHT_UPDATES = ("background", "wait")
+ENGINE_BUILDS = ("wait", "background")
 RESTS = ("auto", "pytorch", "inductor")
 MAX_DIM = 2**31 - 1  # TensorRT-RTX dimensions are int32
 
@@ -98,6 +99,13 @@ class Options:
     runs the region with the new weights at once, while its engine is built again (or refitted)
     on a background thread, and the engine takes over once ready (rtx_backend.wait_for_updates()
     waits for it); wait: the call that saw the change waits for the engine. strict=True waits."""
+    engine_build: Literal["wait", "background"] = "wait"
+    """When a region's engine is not in the engine cache: wait: the compile builds it (and the
+    first call waits for TensorRT-RTX to compile its kernels); background: the region runs in
+    PyTorch from the first call while a background thread builds the engine and makes its
+    contexts, and the engine takes over once ready (validated on its first call as any new
+    engine; rtx_backend.wait_for_updates() waits for it). strict=True, runtime="tensorrt_rtx"
+    and fastest=True wait (their failures must reach the compile)."""
     rest: Literal["auto", "pytorch", "inductor"] = "auto"
     """What runs the graph outside the regions: pytorch (eager, as it comes from lowering),
     inductor (the graph compiled by inductor, regions as calls of the trtrtx::region op; a graph
@@ -407,6 +415,7 @@ _VALIDATORS: dict[str, Any] = {
     "optimize_onnx": _bool,
     "weights": _choice(WEIGHT_MODES),
     "weight_update": _choice(WEIGHT_UPDATES),
+    "engine_build": _choice(ENGINE_BUILDS),
     "rest": _choice(RESTS),
     "compile_threads": _optional(_int_at_least(1)),
     "fastest": _bool,

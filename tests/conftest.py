@@ -39,4 +39,5 @@ def _fresh(tmp_path, monkeypatch):
     torch._dynamo.reset()
     rtx_backend.reset_stats()
     yield
+    rtx_backend.wait_for_updates(60)  # (no engine built behind one test lands in the next one's counts)
     torch._dynamo.reset()

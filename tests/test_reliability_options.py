@@ -83,6 +83,8 @@ BAD_VALUES = [
     ("weights", True, "frozen"),
     ("weight_update", "later", "background"),
     ("weight_update", 1, "wait"),
+    ("engine_build", "later", "['wait', 'background']"),
+    ("engine_build", True, "background"),
     ("rest", "tvm", "['auto', 'pytorch', 'inductor']"),
     ("rest", None, "inductor"),
     ("compile_threads", 0, "integer >= 1"),
@@ -219,6 +221,7 @@ def _option_dicts(root: str) -> st.SearchStrategy:
         "progress": st.booleans(),
         "optimize_onnx": st.booleans(),
         "compile_threads": st.one_of(st.none(), st.integers(1, 4)),
+        "engine_build": st.sampled_from(["wait", "background"]),
     }
     target = st.one_of(st.tuples(st.integers(0, 14), st.integers(0, 9)),
                        st.sampled_from(["8.6", "7.5", "8.6.1", "x", (8,), (8, 6, 1), (8.0, 6)]))

@@ -44,11 +44,13 @@ def compile_graph(
     if not modules:
         _warn_nothing_lowered(plan)
     after = _stats.stats()
-    built, cached = (after.get(k, 0) - before.get(k, 0) for k in ("engine_builds", "engine_cache_hits"))
+    built, cached, behind = (after.get(k, 0) - before.get(k, 0)
+                             for k in ("engine_builds", "engine_cache_hits", "background_builds"))
     log.info(
         "trtrtx: compiled a graph in %.2fs: %d region(s) %s, %d engine(s) built, %d loaded from cache, "
-        "%d op(s) left in PyTorch (%s)",
-        seconds, len(modules), [m.kind for m in modules], built, cached, len(plan.eager_ops),
+        "%s%d op(s) left in PyTorch (%s)",
+        seconds, len(modules), [m.kind for m in modules], built, cached,
+        f"{behind} being built in the background (PyTorch runs them until then), " if behind else "", len(plan.eager_ops),
         _stats.stage_split(before, after) or "no stage took 5 ms",
     )
     return direct_forward(gm)

@@ -5,8 +5,10 @@ fails anywhere here runs in PyTorch, with a warning naming it and the cause."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -28,6 +30,7 @@ from ..export.model import OnnxModel
 from ..run.choose import choose_executor
 from ..run.executors import Executor, TorchExecutor, TrtExecutor
 from ..run.region import RegionModule, region_device
+from . import background as _background
 
 log = logging.getLogger("rtx_backend")
 
@@ -40,10 +43,14 @@ def compile_region(
     reference = torch.fx.GraphModule(region_gm, copy.deepcopy(region_gm.graph))
     onnx_region = engine = None
     try:
-        onnx_region, engine, profile, record, source = export_and_build(region_gm, overrides, options)
+        found = export_and_screen(region_gm, overrides, options)
+        onnx_region = found.onnx_region if isinstance(found, Unbuilt) else found[0]
         if options.dump_onnx_dir:
             dump_region(name, onnx_region, options.dump_onnx_dir)
         device = region_device(reference)
+        if isinstance(found, Unbuilt) and _background.wanted(options):
+            return _background.start(name, reference, found, options, device, overrides)
+        onnx_region, engine, profile, record, source = found.build(options) if isinstance(found, Unbuilt) else found
         with _stats.stage("runtime"):
             executor = choose_executor(name, onnx_region, engine, options, device)
     except Exception as exc:  # a bug of ours or of a library must not break the user's model
@@ -102,13 +109,37 @@ def runtime_module(
     return module
 
 
-def export_and_build(
+@dataclasses.dataclass
+class Unbuilt:
+    """A region exported and screened (the parsed network keeps the host copies of its weights),
+    whose engine is still to be built, then stored under `key`."""
+
+    onnx_region: OnnxRegion
+    network: Network
+    profile: Profile
+    cache: EngineCache | None
+    key: Key | None
+    cacheable: bool  # the exported inputs are those the key was made for
+
+    def build(self, options: Options, keep: Callable[[], bool] = lambda: True,
+              ) -> tuple[OnnxRegion, EngineData, Profile, Validation | None, str]:
+        """The engine built; stored unless `keep()` says, once it is built, that the weights it was
+        built from may have changed meanwhile (a build behind the compile: background.py)."""
+        engine = build_for(self.network, options, self.profile)
+        _stats.count("engine_builds")
+        if self.cache and self.key and self.cacheable and keep():
+            self.cache.store_later(self.key, EngineEntry(self.onnx_region, engine, self.profile))
+            return self.onnx_region, engine, self.profile, Validation(self.cache, self.key), "built"
+        return self.onnx_region, engine, self.profile, None, "built"
+
+
+def export_and_screen(
     region_gm: torch.fx.GraphModule, overrides: dict[str, Any], options: Options
-) -> tuple[OnnxRegion, EngineData | None, Profile, Validation | None, str]:
-    """The region's ONNX model, engine and the engine's profile: from the engine cache when it
-    holds them, else exported and built (and stored); the cache entry's validation record; and
-    where the engine came from ("engine cache", "built", or "" for none).
-    No engine (and an empty profile) where none can be built or none is wanted."""
+) -> tuple[OnnxRegion, EngineData | None, Profile, Validation | None, str] | Unbuilt:
+    """The region's ONNX model, engine and the engine's profile, when the engine cache holds them
+    or no engine can be built or is wanted (then none, and an empty profile); the cache entry's
+    validation record; and where the engine came from ("engine cache", or "" for none). Else the
+    region exported and screened, its engine to be built (Unbuilt.build gives the same tuple)."""
     if not (_targets.can_build(options) and options.runtime != "onnxruntime"):
         with _stats.stage("export"):
             return export_region(region_gm, optimize=options.optimize_onnx, keep_weights=checked(options)), None, {}, None, ""
@@ -126,12 +157,7 @@ def export_and_build(
         network = parse_network(onnx_region.source)  # parsed once: for the screen's verdict and the build
         check_region(onnx_region.source, fx_names, _targets.policy_targets(options), network=network)  # may raise RegionRefused
     profile = make_profile(onnx_region.inputs, overrides, options)
-    engine = build_for(network, options, profile)
-    _stats.count("engine_builds")
-    if cache and key and onnx_region.inputs == inputs:
-        cache.store_later(key, EngineEntry(onnx_region, engine, profile))
-        return onnx_region, engine, profile, Validation(cache, key), "built"
-    return onnx_region, engine, profile, None, "built"
+    return Unbuilt(onnx_region, network, profile, cache, key, onnx_region.inputs == inputs)
 
 
 def widened_engine(onnx_region: OnnxRegion, options: Options, base: Key | None, profile: Profile) -> EngineData:

@@ -83,7 +83,7 @@ def auto_rest(gm: torch.fx.GraphModule) -> str:
         if node.op == "call_module":
             sub = gm.get_submodule(str(node.target))
             if isinstance(sub, RegionModule):
-                found = auto_rest(sub.graph_module) if sub.kind == "pytorch" else ""
+                found = auto_rest(sub.graph_module) if sub.in_pytorch else ""
                 if found:
                     return found
         elif node.op == "call_function" and hasattr(node.target, "_schema"):
@@ -169,7 +169,7 @@ def _runner(module: Any, options: Options) -> Callable[..., Any] | None:
     """How the op runs a region: None (inline it) for one that already runs in PyTorch; else a
     runner that sends the region through inductor once it falls back to PyTorch, and (option
     fastest) through inductor when inductor's code for it is the faster."""
-    if not isinstance(module, RegionModule) or module.kind == "pytorch":
+    if not isinstance(module, RegionModule) or module.in_pytorch:
         return None
     return _RegionRunner(module, options)
 
@@ -197,7 +197,7 @@ class _RegionRunner:
 
     def __call__(self, *args: Any) -> Any:
         module = self.module
-        if module.executor.kind == "pytorch" or self.use_inductor:
+        if module.in_pytorch or self.use_inductor:
             return self._inductor(*args)
         outputs = self._module(*args)
         if self.use_inductor is None and self._ready(args):  # timed after the call's own check

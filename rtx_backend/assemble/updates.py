@@ -5,7 +5,9 @@ one worker thread builds its engine again or refits it from a snapshot of the ne
 engine takes over once it is ready, and its first call is validated as a new engine's is. Each
 change of a region's weights starts a new generation of it: an update that a later change
 overtook is dropped (skipped if it has not started), so that only the newest weights are built.
-`wait_for_updates()` waits until every update submitted so far has finished.
+`wait_for_updates()` waits until every update submitted so far has finished. The same thread
+builds the engines that option engine_build="background" leaves behind the compile
+(background.py), so it waits for those too.
 """
 
 from __future__ import annotations
@@ -78,6 +80,7 @@ UPDATES = Updates()
 
 def wait_for_updates(timeout: float | None = None) -> bool:
     """Wait until the engines of every region whose weights changed are up to date (option
-    weight_update="background": PyTorch runs such regions meanwhile). Returns False if `timeout`
+    weight_update="background": PyTorch runs such regions meanwhile), and every engine that option
+    engine_build="background" builds behind a compile is in place. Returns False if `timeout`
     seconds passed first. A benchmark or a test that times engines after a change calls it."""
     return UPDATES.wait(timeout)

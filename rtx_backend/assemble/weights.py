@@ -285,9 +285,8 @@ class WeightGuard:
         constants = _constants(module.graph_module)
         if not changed.intersection(constants):
             return
-        values = {EXPORTED_AS + target: value for target, value in constants.values() if value is not None}
         try:
-            update_region(module, values, self.options, self.overrides)
+            update_region(module, current_values(module, constants), self.options, self.overrides)
         except Exception as exc:  # never a stale answer: PyTorch runs the region with the live weights
             if self.options.strict:
                 raise
@@ -323,6 +322,10 @@ def update_region(
     """Give one region the weights `values` (initializer name -> tensor, every weight it froze);
     returns what was done: "refit", "rebuild", "background" (under way on the update thread,
     PyTorch runs the region meanwhile: see updates.py) or "" (PyTorch runs it: nothing to do)."""
+    with UPDATES.swap:
+        if module.building:  # its engine is still being built from older weights: it takes these next
+            module.generation += 1
+            return "background"
     executor = module.updating or module.executor  # (the engine's, also while an update is under way)
     if isinstance(executor, TorchExecutor) or module.onnx is None:
         return ""
@@ -346,6 +349,12 @@ def update_region(
     UPDATES.defer(lambda: _in_background(module, generation, executor, onnx, region, values, options, start,
                                          made_for))
     return "background"
+
+
+def current_values(module: RegionModule, constants: dict[int, tuple[str, torch.Tensor | None]] | None = None) -> dict[str, torch.Tensor]:
+    """The region's frozen weights as they are now, by initializer name."""
+    found = constants if constants is not None else _constants(module.graph_module)
+    return {EXPORTED_AS + target: value for target, value in found.values() if value is not None}
 
 
 def _new_generation(module: RegionModule, updating: Any = None, in_pytorch: bool = False) -> int:
@@ -469,7 +478,9 @@ def _rebuild_region(module: RegionModule, options: Options, overrides: dict[str,
     from . import region as _region
 
     graph = module.graph_module
-    fresh = _region.compile_region(module.name, torch.fx.GraphModule(graph, _copy_graph(graph)), overrides, options)
+    # (built now, whatever option engine_build says: this region's module takes the new engine)
+    fresh = _region.compile_region(module.name, torch.fx.GraphModule(graph, _copy_graph(graph)), overrides,
+                                   dataclasses.replace(options, engine_build="wait"))
     for name in ("onnx", "engine", "executor", "profile", "engine_key", "on_validated", "validate", "pick_tensors"):
         setattr(module, name, getattr(fresh, name))
     module.fitted_shapes = None

@@ -84,10 +84,17 @@ class RegionModule(torch.nn.Module):
         # brings it the new weights (PyTorch runs the region meanwhile), and the count of changes
         self.updating: Executor | None = None
         self.generation = 0
+        self.building = False  # its engine is being built in the background (assemble/background.py)
 
     @property
     def kind(self) -> str:
         return self.executor.kind
+
+    @property
+    def in_pytorch(self) -> bool:
+        """Whether PyTorch runs the region for good (not only until its engine, being built in the
+        background, is ready)."""
+        return self.executor.kind == "pytorch" and not self.building
 
     @property
     def chosen(self) -> str:

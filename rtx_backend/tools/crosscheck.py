@@ -112,7 +112,7 @@ def crosscheck(
     compiled model's outputs. Unnamed outputs get their dtype's default tolerance (the one
     first-call validation uses). An element fails only when it misses both atol and rtol.
     """
-    opts = dataclasses.replace(Options.from_dict(options), validate=False)
+    opts = dataclasses.replace(Options.from_dict(options), validate=False, engine_build="wait")
     if opts.rest == "auto":  # every region a module call, as the rest in PyTorch makes them (hooks see each)
         opts = dataclasses.replace(opts, rest="pytorch")
     if isinstance(model, torch.nn.Module) and model.training:

@@ -80,7 +80,8 @@ def save(
     from ..assemble.graph import compile_regions
     from ..lower import lowering as _lowering
 
-    opts = dataclasses.replace(Options.from_dict(options), weights="frozen", validate=False)
+    opts = dataclasses.replace(Options.from_dict(options), weights="frozen", validate=False,
+                               engine_build="wait")
     args = (example_inputs,) if isinstance(example_inputs, torch.Tensor) else tuple(example_inputs)
     if not all(isinstance(a, torch.Tensor) for a in args):
         raise PackageError("example_inputs must be a tensor or a tuple of tensors (the model's positional arguments)")

@@ -164,7 +164,7 @@ def test_auto_finds_compute_in_a_region_that_fell_back_at_build(monkeypatch):
     def no_build(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("builder refused")
 
-    monkeypatch.setattr(_region, "export_and_build", no_build)
+    monkeypatch.setattr(_region, "export_and_screen", no_build)
     torch.manual_seed(0)
     model = eval_model(MLP())
     x = torch.randn(4, 16)
@@ -193,7 +193,7 @@ def test_a_region_that_fails_to_build_is_inlined_into_inductors_graph(monkeypatc
     def broken(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("export broke")
 
-    monkeypatch.setattr(_region, "export_and_build", broken)
+    monkeypatch.setattr(_region, "export_and_screen", broken)
     torch.manual_seed(0)
     regions = run(eval_model(WithEagerOp()), [torch.randn(4, 16)], torch_executed_ops=["aten.sigmoid"])
     assert len(regions) == 2 and all(r.kind == "pytorch" for r in regions)
