@@ -538,6 +538,8 @@ def gpu_config(name: str, batch: int, dtype: torch.dtype, backends: Sequence[str
             if "trtrtx" in bname:
                 row["regions"] = len(regions.get(bname, []))
                 row["regions_in_pytorch"] = sum(r.kind == "pytorch" for r in regions.get(bname, []))
+                if row["regions_in_pytorch"]:  # why, as rtx_backend.recording() says it
+                    row["why_in_pytorch"] = sorted({r.why for r in regions[bname] if r.kind == "pytorch"})
                 with contextlib.suppress(Exception):
                     row["engine_ms"] = bench.engine_ms(lambda _x, fn=compiled[bname]: fn(*x), None,
                                                        regions[bname], iters)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -25,10 +25,9 @@ from .._options import Options
 from ..run.executors import TorchExecutor, TrtExecutor
 from ..run.region import RegionModule
 from ..run.validation import RECHECKS
+from .region import Unbuilt, runtime_module
 from .updates import UPDATES
-
-if TYPE_CHECKING:
-    from .region import Unbuilt
+from .weights import current_values, update_region
 
 log = logging.getLogger("rtx_backend")
 
@@ -65,8 +64,6 @@ def _build(module: RegionModule, unbuilt: Unbuilt, options: Options, device: tor
            overrides: dict[str, Any], generation: int, made_for: tuple[tuple[int, int], ...]) -> None:
     """On the update thread: the engine built and stored, its contexts made, then put in place
     (or, if the weights changed meanwhile, brought the new ones first)."""
-    from . import region as _region
-
     start = time.perf_counter()
     try:
         if device.type == "cuda":
@@ -74,7 +71,7 @@ def _build(module: RegionModule, unbuilt: Unbuilt, options: Options, device: tor
         # stored only if no weight changed in place while it was built (the update stores the new one)
         onnx_region, engine, profile, record, source = unbuilt.build(
             options, keep=lambda: module.weight_versions() == made_for)
-        fresh = _region.runtime_module(module.name, module.graph_module, onnx_region, engine, profile, record, options,
+        fresh = runtime_module(module.name, module.graph_module, onnx_region, engine, profile, record, options,
                                        device, overrides=overrides)
         fresh.engine_source = source
         if isinstance(fresh.executor, TrtExecutor):
@@ -93,8 +90,6 @@ def _build(module: RegionModule, unbuilt: Unbuilt, options: Options, device: tor
         _adopt(module, fresh, run=not changed)
         module.building = False
     if changed:  # built from older weights: the region takes the new ones as after any change
-        from .weights import current_values, update_region
-
         _stats.count("background_builds_updated")
         module.updating = fresh.executor
         try:

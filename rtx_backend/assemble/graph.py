@@ -20,6 +20,7 @@ from .._types import Reason
 from ..plan.fixes import FIXES, TARGET_RULES
 from ..plan.partition import PartitionPlan, plan_graph
 from ..run.region import direct_forward
+from . import background as _background
 from .region import compile_region
 
 log = logging.getLogger("rtx_backend")
@@ -76,8 +77,9 @@ def compile_regions(
     while True:
         plan = plan_graph(gm, options, refused)
         try:
+            later = _background.start if _background.wanted(options) else None
             for name in plan.regions:
-                region = compile_region(name, getattr(plan.graph_module, name), overrides, options)
+                region = compile_region(name, getattr(plan.graph_module, name), overrides, options, later)
                 setattr(plan.graph_module, name, region)
             return plan
         except RegionRefused as exc:

@@ -30,15 +30,20 @@ from ..export.model import OnnxModel
 from ..run.choose import choose_executor
 from ..run.executors import Executor, TorchExecutor, TrtExecutor
 from ..run.region import RegionModule, region_device
-from . import background as _background
 
 log = logging.getLogger("rtx_backend")
 
 
+Later = Callable[[str, torch.fx.GraphModule, "Unbuilt", Options, torch.device, dict[str, Any]], RegionModule]
+
+
 def compile_region(
-    name: str, region_gm: torch.fx.GraphModule, overrides: dict[str, Any], options: Options
+    name: str, region_gm: torch.fx.GraphModule, overrides: dict[str, Any], options: Options,
+    later: Later | None = None,
 ) -> RegionModule:
-    """Export, build and pick an executor for one region; on failure fall back to PyTorch."""
+    """Export, build and pick an executor for one region; on failure fall back to PyTorch.
+    `later`: given, it makes the module of a region whose engine is to be built, instead of the
+    build (background.start: the engine is built behind the compile)."""
     # the region as PyTorch runs it, with a graph of its own: the bridge edits region_gm's
     reference = torch.fx.GraphModule(region_gm, copy.deepcopy(region_gm.graph))
     onnx_region = engine = None
@@ -48,8 +53,8 @@ def compile_region(
         if options.dump_onnx_dir:
             dump_region(name, onnx_region, options.dump_onnx_dir)
         device = region_device(reference)
-        if isinstance(found, Unbuilt) and _background.wanted(options):
-            return _background.start(name, reference, found, options, device, overrides)
+        if isinstance(found, Unbuilt) and later is not None:
+            return later(name, reference, found, options, device, overrides)
         onnx_region, engine, profile, record, source = found.build(options) if isinstance(found, Unbuilt) else found
         with _stats.stage("runtime"):
             executor = choose_executor(name, onnx_region, engine, options, device)
