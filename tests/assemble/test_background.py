@@ -200,3 +200,35 @@ def test_on_the_gpu_two_regions_with_native_cuda_graphs_take_over_while_the_mode
             torch.testing.assert_close(compiled(x), expected, atol=2e-2, rtol=2e-2)
     stats = rtx_backend.stats()
     assert stats["background_builds"] == 2 and stats["background_builds_done"] == 2, stats
+
+
+def test_a_dynamic_region_built_in_the_background_serves_every_shape(held):
+    model = mlp()
+    compiled = torch.compile(model, backend="trtrtx", options=CPU, dynamic=True)
+    with recording() as graphs:
+        for batch in (8, 3):
+            assert diff(compiled, model, torch.randn(batch, 6)) == 0.0
+        held.set()
+        assert rtx_backend.wait_for_updates(60)
+        for batch in (8, 3, 17):
+            assert diff(compiled, model, torch.randn(batch, 6)) < 1e-5
+    assert [r.kind for g in graphs for r in g.regions] == ["onnxruntime"]
+    assert rtx_backend.stats()["background_builds_done"] == 1
+
+
+@pytest.mark.parametrize("rest", ["pytorch", "inductor"])
+def test_two_regions_both_take_over_around_the_rest(held, rest):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.ReLU(), torch.nn.Linear(16, 16), torch.nn.Sigmoid(),
+                                torch.nn.Linear(16, 4)).eval()
+    x = torch.randn(8, 6)
+    compiled = torch.compile(model, backend="trtrtx", options={**CPU, "rest": rest, "torch_executed_ops": ["aten.sigmoid"]})
+    with recording() as graphs:
+        assert diff(compiled, model, x) < 1e-5
+        assert [r.kind for g in graphs for r in g.regions] == ["pytorch", "pytorch"]
+        held.set()
+        assert rtx_backend.wait_for_updates(60)
+        assert diff(compiled, model, x) < 1e-5
+    assert [r.kind for g in graphs for r in g.regions] == ["onnxruntime", "onnxruntime"]
+    stats = rtx_backend.stats()
+    assert stats["background_builds_done"] == 2 and not stats.get("rest_inductor_region_fallbacks"), stats
