@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Iterator
 from typing import Any
 
+import pytest
 import torch
 
 from rtx_backend._record import CompiledGraph, recording
@@ -32,3 +35,21 @@ def backend_error(exc: BaseException) -> BaseException:
     """The backend's own exception inside Dynamo's BackendCompilerFailed wrapper (or `exc` itself)."""
     inner = getattr(exc, "inner_exception", None)
     return inner if isinstance(inner, BaseException) else exc
+
+
+def hold(monkeypatch: pytest.MonkeyPatch, owner: Any, name: str) -> Iterator[threading.Event]:
+    """For a fixture: every call of `owner.name` waits until the event it yields is set (then
+    calls run as usual); at the end the event is set and the update thread's work waited for."""
+    import rtx_backend
+
+    gate = threading.Event()
+    held = getattr(owner, name)
+
+    def waiting(*args: Any, **kwargs: Any) -> Any:
+        assert gate.wait(60), "the test never released the held call"
+        return held(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, waiting)
+    yield gate
+    gate.set()
+    rtx_backend.wait_for_updates(60)

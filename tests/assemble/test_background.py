@@ -7,7 +7,6 @@ PyTorch; options whose failures must reach the compile wait for the build."""
 from __future__ import annotations
 
 import logging
-import threading
 import time
 
 import pytest
@@ -21,6 +20,7 @@ from rtx_backend.assemble import background as _background
 from rtx_backend.assemble import region as _region
 from rtx_backend.cache import store as _store
 from tests.assemble.test_weights import diff, mlp
+from tests.helpers import hold
 
 CPU = {"min_block_size": 1, "target_compute_capabilities": [(8, 6)], "engine_build": "background"}
 
@@ -28,17 +28,7 @@ CPU = {"min_block_size": 1, "target_compute_capabilities": [(8, 6)], "engine_bui
 @pytest.fixture
 def held(monkeypatch):
     """Engine builds held until `.set()` (then they run as usual)."""
-    gate = threading.Event()
-    build_for = _region.build_for
-
-    def waiting(*args, **kwargs):
-        assert gate.wait(60), "the test never released the build"
-        return build_for(*args, **kwargs)
-
-    monkeypatch.setattr(_region, "build_for", waiting)
-    yield gate
-    gate.set()
-    rtx_backend.wait_for_updates(60)
+    yield from hold(monkeypatch, _region, "build_for")
 
 
 def first_call(model, x, **options):

@@ -6,7 +6,6 @@ dropped, and a failed one leaves the region in PyTorch."""
 from __future__ import annotations
 
 import logging
-import threading
 
 import pytest
 import torch
@@ -17,6 +16,7 @@ from rtx_backend._options import Options
 from rtx_backend._record import recording
 from rtx_backend.assemble import weights as _weights
 from tests.assemble.test_weights import diff, mlp, the_four_rows
+from tests.helpers import hold
 
 CPU = {"min_block_size": 1, "target_compute_capabilities": [(8, 6)]}
 
@@ -24,17 +24,7 @@ CPU = {"min_block_size": 1, "target_compute_capabilities": [(8, 6)]}
 @pytest.fixture
 def held(monkeypatch):
     """The update thread held before each update until `.set()` (updates then run as usual)."""
-    gate = threading.Event()
-    take = _weights._take
-
-    def waiting(*args, **kwargs):
-        assert gate.wait(60), "the test never released the update thread"
-        return take(*args, **kwargs)
-
-    monkeypatch.setattr(_weights, "_take", waiting)
-    yield gate
-    gate.set()
-    rtx_backend.wait_for_updates(60)
+    yield from hold(monkeypatch, _weights, "_take")
 
 
 def compiled_mlp(**options):
