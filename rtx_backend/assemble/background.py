@@ -72,7 +72,7 @@ def _build(module: RegionModule, unbuilt: Unbuilt, options: Options, device: tor
         onnx_region, engine, profile, record, source = unbuilt.build(
             options, keep=lambda: module.weight_versions() == made_for)
         fresh = runtime_module(module.name, module.graph_module, onnx_region, engine, profile, record, options,
-                                       device, overrides=overrides)
+                               device, overrides=overrides)
         fresh.engine_source = source
         if isinstance(fresh.executor, TrtExecutor):
             fresh.executor.ready()  # its contexts made here, not on the next call
@@ -88,12 +88,18 @@ def _build(module: RegionModule, unbuilt: Unbuilt, options: Options, device: tor
     with UPDATES.swap:
         changed = module.generation != generation
         _adopt(module, fresh, run=not changed)
+        if changed:  # (the engine's executor, while PyTorch runs the region, as during an update)
+            module.updating = fresh.executor
         module.building = False
     if changed:  # built from older weights: the region takes the new ones as after any change
         _stats.count("background_builds_updated")
-        module.updating = fresh.executor
         try:
             update_region(module, current_values(module), options, lambda: overrides)
+        except Exception as exc:  # PyTorch runs the region, with the live weights: it goes on doing so
+            module.updating = None
+            module.why = f"its weights changed while its engine was built, and it could not take them ({exc})"
+            log.warning("trtrtx: region %s runs in PyTorch: its weights changed while its engine was built in the "
+                        "background, and the engine could not take them (%s: %s)", module.name, type(exc).__name__, exc)
         finally:
             UPDATES.start_deferred()
         return

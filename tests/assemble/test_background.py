@@ -18,6 +18,7 @@ from rtx_backend._options import Options
 from rtx_backend._record import recording
 from rtx_backend.assemble import background as _background
 from rtx_backend.assemble import region as _region
+from rtx_backend.assemble import weights as _weights
 from rtx_backend.cache import store as _store
 from tests.assemble.test_weights import diff, mlp
 from tests.helpers import hold
@@ -222,3 +223,22 @@ def test_two_regions_both_take_over_around_the_rest(held, rest):
     assert [r.kind for g in graphs for r in g.regions] == ["onnxruntime", "onnxruntime"]
     stats = rtx_backend.stats()
     assert stats["background_builds_done"] == 2 and not stats.get("rest_inductor_region_fallbacks"), stats
+
+
+def test_weights_that_changed_during_the_build_and_cannot_be_taken_leave_the_region_in_pytorch(held, monkeypatch,
+                                                                                               caplog):
+    def refused(*args, **kwargs):
+        raise RuntimeError("refit refused")
+
+    monkeypatch.setattr(_weights, "_take", refused)
+    model, x = mlp(), torch.randn(8, 6)
+    compiled, region = first_call(model, x, weight_update="wait")
+    with torch.no_grad():
+        model[0].weight.mul_(2.0)
+    assert diff(compiled, model, x) == 0.0
+    with caplog.at_level(logging.WARNING, logger="rtx_backend"):
+        held.set()
+        assert rtx_backend.wait_for_updates(60)
+    assert region.kind == "pytorch" and "could not take them" in region.why
+    assert diff(compiled, model, x) == 0.0  # PyTorch, with the live weights
+    assert "RuntimeError: refit refused" in caplog.text
