@@ -111,3 +111,19 @@ def test_gpu_model_from_many_threads():
 
     with ThreadPoolExecutor(THREADS) as pool:
         assert max(pool.map(worker, range(THREADS))) < 1e-3
+
+
+def test_work_handed_to_a_pool_that_refuses_it_runs_in_the_calling_thread():
+    """At interpreter shutdown the pools refuse new work (a background build that stores its
+    engine then): it runs where it was handed over, its outcome in the future."""
+    from rtx_backend import _threads
+
+    pool = ThreadPoolExecutor(1)
+    pool.shutdown()
+    done = _threads.submit(pool, lambda a: (a, threading.get_ident()), 3)
+    assert done.done() and done.result() == (3, threading.get_ident())
+    failed = _threads.submit(pool, lambda: 1 / 0)
+    assert isinstance(failed.exception(), ZeroDivisionError)
+    live = ThreadPoolExecutor(1)
+    assert _threads.submit(live, threading.get_ident).result() != threading.get_ident()
+    live.shutdown()

@@ -19,6 +19,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from .. import _threads
+
 log = logging.getLogger("rtx_backend")
 
 
@@ -36,7 +38,9 @@ class Updates:
         with self.lock:
             if self.worker is None:
                 self.worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="trtrtx-weights")
-            future = self.worker.submit(job)
+            worker = self.worker
+        future = _threads.submit(worker, job)  # (outside the lock: at exit the job runs here)
+        with self.lock:
             self.pending.add(future)
         future.add_done_callback(self._finished)
         return future

@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from .. import _files, _trust
+from .. import _files, _threads, _trust
 
 log = logging.getLogger("rtx_backend")
 
@@ -70,7 +70,9 @@ class _Threads:
         with self.lock:
             if self.writer is None:
                 self.writer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="trtrtx-cache-write")
-            future = self.writer.submit(fn, *args)
+            writer = self.writer
+        future = _threads.submit(writer, fn, *args)  # (outside the lock: at exit it writes here)
+        with self.lock:
             self.pending[future] = key.name
         future.add_done_callback(self._finished)
         return future

@@ -24,7 +24,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from .. import _torch_compat, _trt
+from .. import _threads, _torch_compat, _trt
 from .._errors import CudaGraphError, RtxBackendError, RuntimeUnavailableError
 from .._options import Options
 from .._types import EngineData, OnnxRegion
@@ -46,7 +46,8 @@ class SetupThread:
         with self._lock:
             if self._pool is None:
                 self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="trtrtx-setup")
-            return self._pool.submit(fn)
+            pool = self._pool
+        return _threads.submit(pool, fn)
 
 
 SETUP = SetupThread()

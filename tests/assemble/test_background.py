@@ -7,6 +7,9 @@ PyTorch; options whose failures must reach the compile wait for the build."""
 from __future__ import annotations
 
 import logging
+import os
+import subprocess
+import sys
 import time
 
 import pytest
@@ -141,6 +144,32 @@ def test_the_tools_build_before_they_return(tmp_path):
     info = rtx_backend.save(model, (x,), tmp_path / "m.pt2", options=CPU)
     assert info is not None
     assert not rtx_backend.stats().get("background_builds")
+
+
+_EXITS_AT_ONCE = """
+import torch, rtx_backend
+torch.manual_seed(0)
+m = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4)).eval()
+c = torch.compile(m, backend="trtrtx", options={"min_block_size": 1, "target_compute_capabilities": [(8, 6)],
+                                                  "engine_build": "background"})
+with torch.no_grad(), rtx_backend.recording() as rec:
+    x = torch.randn(8, 6)
+    torch.testing.assert_close(c(x), m(x), atol=1e-5, rtol=1e-5)
+print("background builds", rtx_backend.stats().get("background_builds", 0))
+print("regions", [(r.runtime, r.engine) for r in rec.regions])
+"""
+
+
+def test_a_process_that_exits_while_an_engine_is_built_ends_cleanly_and_keeps_the_engine(tmp_path):
+    """The interpreter waits for the build at exit (no crash, no hang), and the engine cache has
+    the engine: the next process loads it."""
+    env = {**os.environ, "RTX_BACKEND_CACHE_DIR": str(tmp_path / "cache")}
+    runs = [subprocess.run([sys.executable, "-c", _EXITS_AT_ONCE], capture_output=True, text=True, timeout=300,
+                           env=env) for _ in range(2)]
+    for run in runs:
+        assert run.returncode == 0, run.stderr[-2000:]
+    assert "background builds 1" in runs[0].stdout and "background builds 0" in runs[1].stdout, [r.stdout for r in runs]
+    assert "[('ONNX Runtime', 'loaded from the engine cache')]" in runs[1].stdout, runs[1].stdout
 
 
 def test_an_unknown_engine_build_is_refused():
