@@ -143,7 +143,10 @@ def test_the_tools_build_before_they_return(tmp_path):
     model, x = mlp(), torch.randn(8, 6)
     info = rtx_backend.save(model, (x,), tmp_path / "m.pt2", options=CPU)
     assert info is not None
+    report = rtx_backend.crosscheck(model, x, options=CPU)
+    assert report and report.regions, report
     assert not rtx_backend.stats().get("background_builds")
+    assert rtx_backend.stats()["engine_builds"] >= 2  # one each, before they returned
 
 
 _EXITS_AT_ONCE = """
