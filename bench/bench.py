@@ -117,7 +117,10 @@ def model_table(smoke: bool) -> dict[str, tuple[Callable[[], nn.Module], Callabl
 
 # ---- backends -----------------------------------------------------------------------------------
 
-def backend_table(smoke: bool, cache_dir: str) -> dict[str, Callable[[nn.Module], Callable[..., Any]]]:
+def backend_table(smoke: bool, cache_dir: str, background: bool = False,
+                  ) -> dict[str, Callable[[nn.Module], Callable[..., Any]]]:
+    """Each backend by name, as a function that compiles a model with it. `background`: also
+    "trtrtx-bg", trtrtx-cg with its engines built behind the compile (engine_build="background")."""
     trt_opts: dict[str, Any] = {"min_block_size": 1, "engine_cache_dir": os.path.join(cache_dir, "engines"),
                 "runtime_cache_path": os.path.join(cache_dir, "runtime.cache")}
     table: dict[str, Callable[[nn.Module], Callable[..., Any]]] = {"eager": lambda m: m}
@@ -135,6 +138,10 @@ def backend_table(smoke: bool, cache_dir: str) -> dict[str, Callable[[nn.Module]
         table["trtrtx-cg"] = lambda m: torch.compile(
             m, backend="trtrtx", dynamic=False,
             options={**trt_opts, "cuda_graph_strategy": "whole_graph_capture"})
+        if background:
+            table["trtrtx-bg"] = lambda m: torch.compile(
+                m, backend="trtrtx", dynamic=False,
+                options={**trt_opts, "cuda_graph_strategy": "whole_graph_capture", "engine_build": "background"})
     return table
 
 

@@ -26,7 +26,6 @@ import importlib.util
 import json
 import logging
 import math
-import os
 import platform
 import statistics
 import sys
@@ -480,16 +479,11 @@ def gpu_config(name: str, batch: int, dtype: torch.dtype, backends: Sequence[str
         ref = base(*x32).float()
     model = base.to(dtype).requires_grad_(False)
     x = cast(x32, dtype, "cuda")
-    table = bench.backend_table(False, cache_dir)
-    # trtrtx-cg with its engines built behind the compile (only when named in --backends)
-    table[BACKGROUND] = lambda m: torch.compile(m, backend="trtrtx", dynamic=False, options={
-        "min_block_size": 1, "engine_cache_dir": os.path.join(cache_dir, "engines"),
-        "runtime_cache_path": os.path.join(cache_dir, "runtime.cache"), "cuda_graph_strategy": "whole_graph_capture",
-        "engine_build": "background"})
+    table = bench.backend_table(False, cache_dir, background=BACKGROUND in backends)  # (only when named)
     rows: dict[str, dict[str, Any]] = {}
     compiled: dict[str, Callable[..., Any]] = {}
     regions: dict[str, list[Any]] = {}
-    for bname in [b for b in table if b in backends or (not backends and b != BACKGROUND)]:
+    for bname in [b for b in table if not backends or b in backends]:
         torch._dynamo.reset()
         rtx_backend.reset_stats()
         row: dict[str, Any] = {}

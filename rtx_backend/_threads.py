@@ -3,13 +3,14 @@
 Once the main thread has finished, `concurrent.futures` refuses new work ("cannot schedule new
 futures after interpreter shutdown"), yet work already under way may still hand some on: an
 engine built behind the compile (option engine_build="background") stores itself in the engine
-cache and makes its execution contexts. `submit` runs such work in the calling thread instead, so
-that it is done, not lost.
+cache and makes its execution contexts. `Pool` (the package's thread pools, each made on first
+use) runs such work in the calling thread instead, so that it is done, not lost.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -30,3 +31,21 @@ def submit(pool: concurrent.futures.Executor, fn: Callable[..., R], *args: Any) 
     except Exception as exc:  # (as the pool would: the caller reads it from the future)
         done.set_exception(exc)
     return done
+
+
+class Pool:
+    """A thread pool started on first use, whose `submit` runs refused work in the caller (see
+    `submit`). The package never shuts one down: the interpreter's exit joins its threads."""
+
+    def __init__(self, workers: int, name: str) -> None:
+        self.workers = workers
+        self.name = name
+        self._lock = threading.Lock()
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+
+    def submit(self, fn: Callable[..., R], *args: Any) -> concurrent.futures.Future[R]:
+        with self._lock:
+            if self._pool is None:
+                self._pool = concurrent.futures.ThreadPoolExecutor(self.workers, thread_name_prefix=self.name)
+            pool = self._pool
+        return submit(pool, fn, *args)  # (outside the lock: at exit the work runs here)

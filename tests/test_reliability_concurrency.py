@@ -127,3 +127,5 @@ def test_work_handed_to_a_pool_that_refuses_it_runs_in_the_calling_thread():
     live = ThreadPoolExecutor(1)
     assert _threads.submit(live, threading.get_ident).result() != threading.get_ident()
     live.shutdown()
+    pool = _threads.Pool(1, "trtrtx-test")  # the package's pools: started on first use
+    assert pool.submit(lambda: threading.current_thread().name).result().startswith("trtrtx-test")

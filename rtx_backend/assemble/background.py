@@ -50,8 +50,7 @@ def start(name: str, reference: torch.fx.GraphModule, unbuilt: Unbuilt, options:
     module.why = BUILDING
     module.building = True
     made_for = module.weight_versions()  # the weights the export read
-    with UPDATES.swap:
-        generation = module.generation
+    generation = module.generation  # (nothing else knows the module yet)
     _stats.count("background_builds")
     # in the compile's scope of host copies: the network points into them, and the engine cache
     # stores them (the weights as exported, whatever happens to the model's meanwhile)
@@ -73,7 +72,6 @@ def _build(module: RegionModule, unbuilt: Unbuilt, options: Options, device: tor
             options, keep=lambda: module.weight_versions() == made_for)
         fresh = runtime_module(module.name, module.graph_module, onnx_region, engine, profile, record, options,
                                device, overrides=overrides)
-        fresh.engine_source = source
         if isinstance(fresh.executor, TrtExecutor):
             fresh.executor.ready()  # its contexts made here, not on the next call
     except Exception as exc:  # PyTorch runs the region already: it goes on doing so
@@ -87,7 +85,10 @@ def _build(module: RegionModule, unbuilt: Unbuilt, options: Options, device: tor
     fresh.executor.made_for = made_for
     with UPDATES.swap:
         changed = module.generation != generation
-        _adopt(module, fresh, run=not changed)
+        module.engine_source = source
+        if not changed:
+            module.why = fresh.why
+        module.take(fresh, run=not changed)
         if changed:  # (the engine's executor, while PyTorch runs the region, as during an update)
             module.updating = fresh.executor
         module.building = False
@@ -107,17 +108,3 @@ def _build(module: RegionModule, unbuilt: Unbuilt, options: Options, device: tor
     _stats.count("background_builds_done")
     log.info("trtrtx: region %s: its engine, built in the background in %.2fs, runs it now (%s)", module.name,
              time.perf_counter() - start, fresh.kind)
-
-
-def _adopt(module: RegionModule, fresh: RegionModule, run: bool) -> None:
-    """Give `module` what the compile would have given it; its executor last (a call on another
-    thread then finds the rest in place), and only if `run`."""
-    for name in ("onnx", "engine", "profile", "engine_key", "on_validated", "validate", "pick_tensors",
-                 "engine_source"):
-        setattr(module, name, getattr(fresh, name))
-    module.fitted_shapes = None
-    module.validated_executor = None
-    module.checked = None
-    if run:
-        module.why = fresh.why
-        module.executor = fresh.executor

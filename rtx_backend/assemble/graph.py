@@ -74,10 +74,10 @@ def compile_regions(
     known = {n.name for n in pristine.nodes}
     refused: dict[str, Reason] = {}
     gm = aten_gm
+    later = _background.start if _background.wanted(options) else None
     while True:
         plan = plan_graph(gm, options, refused)
         try:
-            later = _background.start if _background.wanted(options) else None
             for name in plan.regions:
                 region = compile_region(name, getattr(plan.graph_module, name), overrides, options, later)
                 setattr(plan.graph_module, name, region)

@@ -30,16 +30,12 @@ class Updates:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.swap = threading.Lock()  # held to start a generation of a region, and to install one
-        self.worker: concurrent.futures.ThreadPoolExecutor | None = None
+        self.worker = _threads.Pool(1, "trtrtx-weights")
         self.pending: set[concurrent.futures.Future[Any]] = set()
         self.deferred = threading.local()  # this thread's jobs, submitted once its call has run
 
     def submit(self, job: Callable[[], Any]) -> concurrent.futures.Future[Any]:
-        with self.lock:
-            if self.worker is None:
-                self.worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="trtrtx-weights")
-            worker = self.worker
-        future = _threads.submit(worker, job)  # (outside the lock: at exit the job runs here)
+        future = self.worker.submit(job)  # (at exit the job runs here: see _threads.Pool)
         with self.lock:
             self.pending.add(future)
         future.add_done_callback(self._finished)

@@ -480,11 +480,7 @@ def _rebuild_region(module: RegionModule, options: Options, overrides: dict[str,
     graph = module.graph_module
     # (built now, whatever option engine_build says: this region's module takes the new engine)
     fresh = _region.compile_region(module.name, torch.fx.GraphModule(graph, _copy_graph(graph)), overrides, options)
-    for name in ("onnx", "engine", "executor", "profile", "engine_key", "on_validated", "validate", "pick_tensors"):
-        setattr(module, name, getattr(fresh, name))
-    module.fitted_shapes = None
-    module.validated_executor = None
-    module.checked = None
+    module.take(fresh)
 
 
 def _copy_graph(graph_module: torch.fx.GraphModule) -> torch.fx.Graph:

@@ -62,16 +62,12 @@ class _Threads:
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.writer: concurrent.futures.ThreadPoolExecutor | None = None
+        self.writer = _threads.Pool(1, "trtrtx-cache-write")
         self.reader: concurrent.futures.ThreadPoolExecutor | None = None
         self.pending: dict[concurrent.futures.Future[Any], str] = {}
 
     def write(self, key: Key, fn: Callable[..., Any], *args: Any) -> concurrent.futures.Future[Any]:
-        with self.lock:
-            if self.writer is None:
-                self.writer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="trtrtx-cache-write")
-            writer = self.writer
-        future = _threads.submit(writer, fn, *args)  # (outside the lock: at exit it writes here)
+        future = self.writer.submit(fn, *args)  # (at exit it writes here: see _threads.Pool)
         with self.lock:
             self.pending[future] = key.name
         future.add_done_callback(self._finished)

@@ -34,23 +34,9 @@ from ..run import runtime_cache as _runtime_cache
 
 log = logging.getLogger("rtx_backend")
 
-class SetupThread:
-    """The one thread that makes every engine's execution contexts, one engine after another (see
-    TrtExecutor); started on first use."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
-
-    def submit(self, fn: Callable[[], None]) -> concurrent.futures.Future[None]:
-        with self._lock:
-            if self._pool is None:
-                self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="trtrtx-setup")
-            pool = self._pool
-        return _threads.submit(pool, fn)
-
-
-SETUP = SetupThread()
+# The one thread that makes every engine's execution contexts, one engine after another (see
+# TrtExecutor); started on first use.
+SETUP = _threads.Pool(1, "trtrtx-setup")
 
 
 def torch_dtype(trt_dtype: Any) -> torch.dtype:

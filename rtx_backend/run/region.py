@@ -96,6 +96,18 @@ class RegionModule(torch.nn.Module):
         background, is ready)."""
         return self.executor.kind == "pytorch" and not self.building
 
+    def take(self, fresh: RegionModule, run: bool = True) -> None:
+        """Take what `fresh` (this region compiled again) was given: its model, engine, profile and
+        first-call check, and its executor last, so that a call on another thread finds the rest
+        in place; not the executor unless `run`."""
+        for name in ("onnx", "engine", "profile", "engine_key", "on_validated", "validate", "pick_tensors"):
+            setattr(self, name, getattr(fresh, name))
+        self.fitted_shapes = None
+        self.validated_executor = None
+        self.checked = None
+        if run:
+            self.executor = fresh.executor
+
     @property
     def chosen(self) -> str:
         """"inductor" where option fastest found inductor's code for it the faster, else ""."""
