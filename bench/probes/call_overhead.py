@@ -11,9 +11,14 @@ trtrtx and TensorRT-RTX's native CUDA graphs, this prints, in CUDA-event millise
 
 and, in host microseconds from the start of the call: when the engine's enqueue begins, how
 long the enqueue takes on the host, and when the call returns; then torch.profiler's busiest
-host events. `inductor-ro` is timed alongside when asked.
+host events. With `--inductor`, inductor with `mode="reduce-overhead"` is timed the same way:
+through Dynamo, and what it returned for the graph called without Dynamo. For a model lowered
+whole, the engine alone against inductor's code without Dynamo compares the same ops, each
+without the frame that both pay.
 
-    python bench/probes/call_overhead.py --models hf-bert,tv-resnet50 [--inductor] [--out DIR]
+    python bench/probes/call_overhead.py --models hf-bert,tv-resnet50 [--inductor] [--save DIR]
+
+`--save` writes `<date>-<gpu>-<TensorRT-RTX version>-call-overhead.json` and `.md` to DIR.
 """
 
 from __future__ import annotations
@@ -90,7 +95,7 @@ def top_host_events(fn: Any, top: int) -> list[str]:
     return str(table).splitlines()
 
 
-def probe(name: str, batch: int, iters: int, inductor: bool, cache_dir: str) -> dict[str, Any]:
+def probe(name: str, batch: int, iters: int, inductor: bool, cache_dir: str, events: bool) -> dict[str, Any]:
     entry = zoo.ZOO[name]
     torch.manual_seed(0)
     base = entry.build("full").cuda()
@@ -126,15 +131,80 @@ def probe(name: str, batch: int, iters: int, inductor: bool, cache_dir: str) -> 
         row.update(host_marks(lambda: compiled(*x), iters))
         if len(kept) == 1:
             row.update({f"backend_{k}": v for k, v in host_marks(lambda: kept[0][0](*kept[0][1]), iters).items()})
-        row["host_events"] = top_host_events(lambda: compiled(*x), 20)
+        if events:
+            row["host_events"] = top_host_events(lambda: compiled(*x), 20)
         if inductor:
-            torch._dynamo.reset()
-            ro = torch.compile(model, mode="reduce-overhead", dynamic=False)
-            for _ in range(5):
-                ro(*x)
-            row["inductor_ro_ms"] = median_ms(lambda: ro(*x), iters)
+            row.update(inductor_ro(model, x, iters))
     row["stats"] = {k: v for k, v in rtx_backend.stats().items() if v}
     return row
+
+
+def inductor_ro(model: torch.nn.Module, x: tuple[torch.Tensor, ...], iters: int) -> dict[str, Any]:
+    """Inductor with reduce-overhead's CUDA graphs: the compiled model, and the code inductor
+    returned for Dynamo's graph called without Dynamo (one graph only)."""
+    from torch._inductor.compile_fx import compile_fx
+
+    kept: list[tuple[Any, list[Any]]] = []
+
+    def keep(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
+        fn = compile_fx(gm, example_inputs, config_patches={"triton.cudagraphs": True})  # what "reduce-overhead" sets
+        kept.append((fn, list(example_inputs)))
+        return fn
+
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend=keep, dynamic=False)
+    row: dict[str, Any] = {}
+    with torch.inference_mode():
+        for _ in range(5):
+            compiled(*x)
+        row["inductor_ro_ms"] = median_ms(lambda: compiled(*x), iters)
+        if len(kept) == 1:
+            fn, example = kept[0]
+            for _ in range(3):
+                fn(*example)
+            row["inductor_ro_backend_ms"] = median_ms(lambda: fn(*example), iters)
+    row["inductor_graphs"] = len(kept)
+    return row
+
+
+NOTE = ("Each model alone in one process (bench/probes/call_overhead.py), FP16, trtrtx with native CUDA graphs "
+        "and lowered whole (one region). call: the compiled model; backend: what the backend returned, called "
+        "without Dynamo on the graph's example inputs; engine: the region's executor alone; inductor-ro: inductor "
+        "with mode='reduce-overhead', through Dynamo and without it (CUDA-event medians of {iters} calls). "
+        "engine / inductor-ro backend compares the same ops, each without Dynamo's frame. Host microseconds "
+        "(medians): from the call's start to the engine's enqueue, through Dynamo and without it.")
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    def ms(row: dict[str, Any], key: str) -> str:
+        return f"{row[key]:.3f}" if isinstance(row.get(key), float) else "-"
+
+    lines = ["| model | batch | call ms | backend ms | engine ms | inductor-ro ms | inductor-ro backend ms "
+             "| engine / inductor-ro backend | to enqueue us (without Dynamo) |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for row in rows:
+        if "error" in row:
+            lines.append(f"| {row['model']} | - | {row['error'][:120]} |  |  |  |  |  |  |")
+            continue
+        ratio = (f"{row['engine_ms'] / row['inductor_ro_backend_ms']:.2f}"
+                 if row.get("engine_ms") and row.get("inductor_ro_backend_ms") else "-")
+        enqueue = (f"{row['to_enqueue_us']:.0f} ({row.get('backend_to_enqueue_us', 0):.0f})"
+                   if "to_enqueue_us" in row else "-")
+        lines.append(f"| {row['model']} | {row['batch']} | {ms(row, 'call_ms')} | {ms(row, 'backend_ms')} "
+                     f"| {ms(row, 'engine_ms')} | {ms(row, 'inductor_ro_ms')} | {ms(row, 'inductor_ro_backend_ms')} "
+                     f"| {ratio} | {enqueue} |")
+    return "\n".join(lines)
+
+
+def save(rows: list[dict[str, Any]], folder: Path, iters: int) -> Path:
+    bench = zoo._bench_module()
+    env = zoo._environment()
+    stem = folder / bench.result_name(env, "call-overhead")
+    note = NOTE.format(iters=iters)
+    stem.with_name(stem.name + ".json").write_text(json.dumps({"env": env, "note": note, "rows": rows}, indent=1))
+    stem.with_name(stem.name + ".md").write_text(
+        f"# {stem.name}\n\n```\n{json.dumps(env, indent=1)}\n```\n\n{note}\n\n{table(rows)}\n")
+    return stem
 
 
 def main() -> int:
@@ -143,7 +213,9 @@ def main() -> int:
     parser.add_argument("--batch", type=int, default=0, help="0: the zoo's large batch")
     parser.add_argument("--iters", type=int, default=100)
     parser.add_argument("--inductor", action="store_true")
-    parser.add_argument("--out", default="")
+    parser.add_argument("--events", action="store_true", help="print torch.profiler's busiest host events")
+    parser.add_argument("--out", default="", help="a JSON file for the rows")
+    parser.add_argument("--save", default="", help="a folder for the dated result (.json and .md)")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("call_overhead: needs a CUDA GPU")
@@ -154,15 +226,20 @@ def main() -> int:
             entry = zoo.ZOO[name]
             batch = args.batch or (zoo.LLM_BATCHES if name == "hf-llama-gqa" else zoo.BATCHES[entry.source])[-1]
             try:
-                row = probe(name, batch, args.iters, args.inductor, cache_dir)
+                row = probe(name, batch, args.iters, args.inductor, cache_dir, args.events)
             except Exception as exc:  # one model's failure is a result too
                 row = {"model": name, "error": f"{type(exc).__name__}: {exc}"[:500]}
             events = row.pop("host_events", [])
             print(f"== {name}: {json.dumps(row)}", flush=True)
             print("\n".join(events), flush=True)
             rows.append(row)
+            if args.save:  # after every model: a run cut short keeps what it measured
+                stem = save(rows, Path(args.save), args.iters)
     if args.out:
         Path(args.out).write_text(json.dumps(rows, indent=1))
+    if args.save:
+        print(f"saved {stem}.json and .md")
+    print(table(rows))
     return 0
 
 
