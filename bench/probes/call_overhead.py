@@ -141,7 +141,10 @@ def probe(name: str, batch: int, iters: int, inductor: bool, cache_dir: str, eve
 
 def inductor_ro(model: torch.nn.Module, x: tuple[torch.Tensor, ...], iters: int) -> dict[str, Any]:
     """Inductor with reduce-overhead's CUDA graphs: the compiled model, and the code inductor
-    returned for Dynamo's graph called without Dynamo (one graph only)."""
+    returned for Dynamo's graph called without Dynamo (one graph only). torch.compile does not
+    hand out the callable a backend returned, so inductor is called as a backend here, through
+    its entry point compile_fx (private; the probe's only private API), with the config that
+    mode="reduce-overhead" sets."""
     from torch._inductor.compile_fx import compile_fx
 
     kept: list[tuple[Any, list[Any]]] = []
