@@ -23,12 +23,12 @@ rebound there. A weight replaced by a tensor of another shape, dtype or device m
 run in PyTorch from then on, with a warning (Dynamo's guards normally recompile first).
 
 Long because checking, refitting and rebuilding share the guard's per-call path and the
-regions' state, and need the ONNX initializer helpers that are here with them.
+regions' state. The ONNX initializers they replace are read and written in
+`export/initializers.py`.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import operator
 import threading
@@ -43,7 +43,7 @@ from .._options import Options
 from .._types import OnnxRegion
 from ..cache.engines import fetch_attr
 from ..export.bridge import EXPORTED_AS, FROZEN
-from ..export.model import OnnxModel
+from ..export.initializers import initializer_specs, initializer_value, spec, with_weights
 from ..lower.lowering import is_weight
 from ..run.executors import OrtExecutor, TorchExecutor, TrtExecutor, stream_capturing
 from ..run.region import RegionModule, picker
@@ -55,13 +55,6 @@ log = logging.getLogger("rtx_backend")
 
 _FROZEN = FROZEN  # lowering's name of Dynamo input i frozen as a constant
 _VERSION = operator.attrgetter("_version")
-
-# torch dtype -> ONNX TensorProto data type, for the initializers a weight can replace
-_ONNX_DTYPES = {
-    torch.float32: 1, torch.uint8: 2, torch.int8: 3, torch.int16: 5, torch.int32: 6, torch.int64: 7,
-    torch.bool: 9, torch.float16: 10, torch.float64: 11, torch.bfloat16: 16,
-}
-
 
 def frozen_index(target: str) -> int | None:
     """The Dynamo input index of a constant named by lowering's freeze; None for other constants."""
@@ -332,7 +325,7 @@ def update_region(
     start = time.perf_counter()
     onnx = module.onnx
     specs = initializer_specs(onnx)
-    unmatched = sorted(n for n, t in values.items() if specs.get(n) != _spec(t))
+    unmatched = sorted(n for n, t in values.items() if specs.get(n) != spec(t))
     if unmatched:
         _new_generation(module)
         _rebuild_region(module, options, overrides())
@@ -489,85 +482,7 @@ def _copy_graph(graph_module: torch.fx.GraphModule) -> torch.fx.Graph:
     return copy.deepcopy(graph_module.graph)
 
 
-# ---- the region's ONNX model and its initializers ----------------------------------------------
-
-
-def initializer_specs(region: OnnxRegion) -> dict[str, tuple[tuple[int, ...], int]]:
-    """Each initializer's (dims, ONNX data type), read from the model (its skeleton, when it
-    has one: the large weights are declared there too)."""
-    import onnx
-
-    source = region.source
-    data = source.skeleton if isinstance(source, OnnxModel) and source.skeleton is not None else region.model
-    proto = onnx.load_from_string(data)
-    return {i.name: (tuple(int(d) for d in i.dims), int(i.data_type)) for i in proto.graph.initializer}
-
-
-def initializer_value(region: OnnxRegion, name: str) -> torch.Tensor | None:
-    """An initializer's value as a tensor (None where the model has no such initializer)."""
-    import onnx
-    from onnx import numpy_helper
-
-    for init in onnx.load_from_string(region.model).graph.initializer:
-        if init.name == name:
-            return torch.from_numpy(numpy_helper.to_array(init).copy())
-    return None
-
-
-def with_weights(region: OnnxRegion, values: dict[str, torch.Tensor]) -> OnnxRegion:
-    """The region's model with these initializers' values replaced (same names, shapes, dtypes)."""
-    import onnx
-
-    source = region.source
-    if isinstance(source, OnnxModel) and source.skeleton is not None:
-        weights = dict(source.weights)
-        inline = {}
-        for name, tensor in values.items():
-            if name in weights:
-                weights[name] = host_bytes(tensor)
-            else:
-                inline[name] = tensor
-        skeleton = _replace_inline(source.skeleton, inline) if inline else source.skeleton
-        return dataclasses.replace(region, source=OnnxModel(skeleton=skeleton, weights=weights))
-    proto = onnx.load_from_string(region.model)
-    _set_initializers(proto, values)
-    return dataclasses.replace(region, source=proto.SerializeToString())
-
-
-def _replace_inline(model: bytes, values: dict[str, torch.Tensor]) -> bytes:
-    import onnx
-
-    proto = onnx.load_from_string(model)
-    _set_initializers(proto, values)
-    return proto.SerializeToString()  # type: ignore[no-any-return]
-
-
-_TYPED_FIELDS = ("float_data", "int32_data", "int64_data", "double_data", "uint64_data", "string_data")
-
-
-def _set_initializers(proto: Any, values: dict[str, torch.Tensor]) -> None:
-    for init in proto.graph.initializer:
-        tensor = values.get(init.name)
-        if tensor is None:
-            continue
-        for field in _TYPED_FIELDS:
-            init.ClearField(field)
-        init.raw_data = host_bytes(tensor).tobytes()
-
-
-def host_bytes(tensor: torch.Tensor) -> Any:
-    """The tensor's elements in host memory, C-contiguous, as a flat uint8 numpy array (ONNX's
-    raw layout; the stored form of an OnnxModel's weights)."""
-    host = tensor.detach().to("cpu", copy=True).contiguous()  # a snapshot: the weight may change again
-    return host.reshape(-1).view(torch.uint8).numpy()
-
-
 # ---- helpers -----------------------------------------------------------------------------------
-
-
-def _spec(tensor: torch.Tensor) -> tuple[tuple[int, ...], int] | None:
-    dtype = _ONNX_DTYPES.get(tensor.dtype)
-    return (tuple(tensor.shape), dtype) if dtype is not None else None
 
 
 def _same_spec(a: Any, b: Any) -> bool:
