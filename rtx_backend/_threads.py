@@ -21,10 +21,18 @@ def submit(pool: concurrent.futures.Executor, fn: Callable[..., R], *args: Any) 
     """`pool.submit(fn, *args)`; where the pool refuses (RuntimeError: the package never shuts its
     pools down, so the interpreter is shutting down), `fn(*args)` run here, its outcome in a
     finished future."""
+    queued = _offer(pool, fn, *args)
+    return queued if queued is not None else _run_here(fn, *args)
+
+
+def _offer(pool: concurrent.futures.Executor, fn: Callable[..., R], *args: Any) -> concurrent.futures.Future[R] | None:
     try:
         return pool.submit(fn, *args)
-    except RuntimeError:
-        pass
+    except RuntimeError:  # shutting down
+        return None
+
+
+def _run_here(fn: Callable[..., R], *args: Any) -> concurrent.futures.Future[R]:
     done: concurrent.futures.Future[R] = concurrent.futures.Future()
     try:
         done.set_result(fn(*args))
@@ -44,8 +52,22 @@ class Pool:
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
 
     def submit(self, fn: Callable[..., R], *args: Any) -> concurrent.futures.Future[R]:
+        return submit(self._started(), fn, *args)  # (refused work runs here, under no lock of ours)
+
+    def submit_recorded(self, lock: threading.Lock, record: Callable[[concurrent.futures.Future[R]], Any],
+                        fn: Callable[..., R], *args: Any) -> concurrent.futures.Future[R]:
+        """`submit`, with `record(future)` called under `lock` together with the queuing, so that a
+        thread that reads the records under `lock` (a wait for pending work) never misses work
+        already queued. Refused work is not recorded: it runs here, once `lock` is released, and
+        is done when this returns."""
+        with lock:
+            queued = _offer(self._started(), fn, *args)
+            if queued is not None:
+                record(queued)
+        return queued if queued is not None else _run_here(fn, *args)
+
+    def _started(self) -> concurrent.futures.ThreadPoolExecutor:
         with self._lock:
             if self._pool is None:
                 self._pool = concurrent.futures.ThreadPoolExecutor(self.workers, thread_name_prefix=self.name)
-            pool = self._pool
-        return submit(pool, fn, *args)  # (outside the lock: at exit the work runs here)
+            return self._pool

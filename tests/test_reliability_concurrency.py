@@ -129,3 +129,23 @@ def test_work_handed_to_a_pool_that_refuses_it_runs_in_the_calling_thread():
     live.shutdown()
     pool = _threads.Pool(1, "trtrtx-test")  # the package's pools: started on first use
     assert pool.submit(lambda: threading.current_thread().name).result().startswith("trtrtx-test")
+
+
+def test_recorded_work_is_recorded_under_the_callers_lock_and_refused_work_runs_outside_it():
+    """The store's and the update thread's pending work is recorded with its queuing, under their
+    lock (a flush or wait on another thread never misses queued work); work refused at shutdown is
+    not recorded, and runs here once that lock is free."""
+    from rtx_backend import _threads
+
+    lock = threading.Lock()
+    recorded = []
+    pool = _threads.Pool(1, "trtrtx-test")
+    gate = threading.Event()
+    future = pool.submit_recorded(lock, lambda f: recorded.append((f, lock.locked())), gate.wait, 5)
+    assert recorded == [(future, True)] and not future.done()
+    gate.set()
+    assert future.result() is True
+    pool._started().shutdown()  # as at interpreter exit: the pool refuses
+    here = pool.submit_recorded(lock, recorded.append, lambda: (threading.get_ident(), lock.locked()))
+    assert here.done() and here.result() == (threading.get_ident(), False)
+    assert len(recorded) == 1

@@ -35,9 +35,9 @@ class Updates:
         self.deferred = threading.local()  # this thread's jobs, submitted once its call has run
 
     def submit(self, job: Callable[[], Any]) -> concurrent.futures.Future[Any]:
-        future = self.worker.submit(job)  # (at exit the job runs here: see _threads.Pool)
-        with self.lock:
-            self.pending.add(future)
+        # pending from the moment it is queued (a wait on another thread waits for it); at exit the
+        # job runs here instead (see _threads.Pool)
+        future = self.worker.submit_recorded(self.lock, self.pending.add, job)
         future.add_done_callback(self._finished)
         return future
 

@@ -67,9 +67,9 @@ class _Threads:
         self.pending: dict[concurrent.futures.Future[Any], str] = {}
 
     def write(self, key: Key, fn: Callable[..., Any], *args: Any) -> concurrent.futures.Future[Any]:
-        future = self.writer.submit(fn, *args)  # (at exit it writes here: see _threads.Pool)
-        with self.lock:
-            self.pending[future] = key.name
+        # pending from the moment it is queued (a flush on another thread waits for it); at exit it
+        # writes here instead (see _threads.Pool)
+        future = self.writer.submit_recorded(self.lock, lambda f: self.pending.__setitem__(f, key.name), fn, *args)
         future.add_done_callback(self._finished)
         return future
 
