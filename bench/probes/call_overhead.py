@@ -95,6 +95,19 @@ def top_host_events(fn: Any, top: int) -> list[str]:
     return str(table).splitlines()
 
 
+def capturing(compile: Any) -> tuple[Any, list[tuple[Any, list[Any]]]]:
+    """A backend that compiles with `compile(gm, example_inputs)`, and the list in which it keeps
+    each graph's callable with the example inputs, to call without Dynamo."""
+    kept: list[tuple[Any, list[Any]]] = []
+
+    def keep(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
+        fn = compile(gm, example_inputs)
+        kept.append((fn, list(example_inputs)))
+        return fn
+
+    return keep, kept
+
+
 def probe(name: str, batch: int, iters: int, inductor: bool, cache_dir: str, events: bool) -> dict[str, Any]:
     entry = zoo.ZOO[name]
     torch.manual_seed(0)
@@ -104,13 +117,7 @@ def probe(name: str, batch: int, iters: int, inductor: bool, cache_dir: str, eve
     x = zoo.cast(entry.inputs("full", batch), torch.float16, "cuda")
     options = {"min_block_size": 1, "engine_cache_dir": f"{cache_dir}/engines",
                "runtime_cache_path": f"{cache_dir}/runtime.cache", "cuda_graph_strategy": "whole_graph_capture"}
-    kept: list[tuple[Any, list[Any]]] = []
-
-    def keep(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
-        fn = trtrtx(gm, example_inputs, options=options)
-        kept.append((fn, list(example_inputs)))
-        return fn
-
+    keep, kept = capturing(lambda gm, example_inputs: trtrtx(gm, example_inputs, options=options))
     torch._dynamo.reset()
     compiled = torch.compile(model, backend=keep, dynamic=False)
     row: dict[str, Any] = {"model": name, "batch": batch}
@@ -147,13 +154,8 @@ def inductor_ro(model: torch.nn.Module, x: tuple[torch.Tensor, ...], iters: int)
     mode="reduce-overhead" sets."""
     from torch._inductor.compile_fx import compile_fx
 
-    kept: list[tuple[Any, list[Any]]] = []
-
-    def keep(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
-        fn = compile_fx(gm, example_inputs, config_patches={"triton.cudagraphs": True})  # what "reduce-overhead" sets
-        kept.append((fn, list(example_inputs)))
-        return fn
-
+    keep, kept = capturing(  # with the config that "reduce-overhead" sets
+        lambda gm, example_inputs: compile_fx(gm, example_inputs, config_patches={"triton.cudagraphs": True}))
     torch._dynamo.reset()
     compiled = torch.compile(model, backend=keep, dynamic=False)
     row: dict[str, Any] = {}

@@ -56,6 +56,7 @@ log = logging.getLogger("rtx_backend")
 _FROZEN = FROZEN  # lowering's name of Dynamo input i frozen as a constant
 _VERSION = operator.attrgetter("_version")
 
+
 def frozen_index(target: str) -> int | None:
     """The Dynamo input index of a constant named by lowering's freeze; None for other constants."""
     match = _FROZEN.search(target)
