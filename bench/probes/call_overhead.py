@@ -201,10 +201,10 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def save(rows: list[dict[str, Any]], folder: Path, iters: int) -> Path:
+def save(rows: list[dict[str, Any]], folder: Path, iters: int, kind: str) -> Path:
     bench = zoo._bench_module()
     env = zoo._environment()
-    stem = folder / bench.result_name(env, "call-overhead")
+    stem = folder / bench.result_name(env, kind)
     note = NOTE.format(iters=iters)
     stem.with_name(stem.name + ".json").write_text(json.dumps({"env": env, "note": note, "rows": rows}, indent=1))
     stem.with_name(stem.name + ".md").write_text(
@@ -221,6 +221,8 @@ def main() -> int:
     parser.add_argument("--events", action="store_true", help="print torch.profiler's busiest host events")
     parser.add_argument("--out", default="", help="a JSON file for the rows")
     parser.add_argument("--save", default="", help="a folder for the dated result (.json and .md)")
+    parser.add_argument("--kind", default="call-overhead",
+                        help="the saved result's kind, after its date, GPU and version (letters and dashes)")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("call_overhead: needs a CUDA GPU")
@@ -239,7 +241,7 @@ def main() -> int:
             print("\n".join(events), flush=True)
             rows.append(row)
             if args.save:  # after every model: a run cut short keeps what it measured
-                stem = save(rows, Path(args.save), args.iters)
+                stem = save(rows, Path(args.save), args.iters, args.kind)
     if args.out:
         Path(args.out).write_text(json.dumps(rows, indent=1))
     if args.save:
