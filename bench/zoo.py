@@ -22,6 +22,7 @@ import contextlib
 import copy
 import dataclasses
 import datetime
+import functools
 import importlib.util
 import json
 import logging
@@ -442,7 +443,9 @@ BACKGROUND = "trtrtx-bg"  # trtrtx-cg with option engine_build="background"
 LLM_BATCHES = (1, 4)  # Llama 1B at 128 tokens
 
 
+@functools.cache
 def _bench_module() -> Any:
+    """bench/bench.py (a script, not a package module), loaded once."""
     spec = importlib.util.spec_from_file_location("bench_script", HERE / "bench.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -599,15 +602,21 @@ def gpu_main(args: argparse.Namespace) -> int:
                       "error": f"timed out after {args.timeout_s}s"}
         config["seconds"] = round(time.monotonic() - t, 1)
         results["configs"].append(config)
-        bench.save(results, stem)
+        _save(bench, results, stem)
         summary = {b: round(r["median_ms"], 3) if "median_ms" in r else r.get("error", "-")[:60]
                    for b, r in config["backends"].items()}
         print(f"{name} batch {batch} {key[2]}: {config.get('error') or summary} ({config['seconds']}s)", flush=True)
-    text = bench.save(results, stem)
-    bench.plot(results, _file(stem, ".png"))
-    print(text)
+    print(_save(bench, results, stem))
     print(f"saved {stem}.json, .md, .png")
     return 0
+
+
+def _save(bench: Any, results: dict[str, Any], stem: Path) -> str:
+    """The results as JSON, markdown and PNG (after every configuration: a run cut short keeps all
+    three); returns the markdown tables."""
+    text: str = bench.save(results, stem)
+    bench.plot(results, _file(stem, ".png"))
+    return text
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -156,3 +156,44 @@ def test_gpu_command_refuses_without_a_gpu(capsys, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert zoo.main(["--gpu", "--models", "hf-bert"]) == 2
     assert "needs a CUDA GPU" in capsys.readouterr().out
+
+
+def test_gpu_run_saves_json_markdown_and_plot_after_every_configuration_and_resumes(tmp_path, monkeypatch):
+    """The GPU driver (children faked): every configuration's result is in all three files as soon
+    as it is done, so a run cut short keeps its plot too; a timeout is a result; a second run
+    with the same --tag skips what the first one measured."""
+    import argparse
+    import json
+    import subprocess
+
+    bench = zoo._bench_module()
+    plotted: list[int] = []
+    monkeypatch.setattr(bench, "plot", lambda results, path: plotted.append(len(results["configs"])) or True)
+    children: list[str] = []
+
+    def fake_run(command, timeout, capture_output, text):
+        config = command[command.index("--gpu-child") + 1]
+        children.append(config)
+        name, batch, dtype = config.split(":")
+        if name == "hf-gpt2":
+            raise subprocess.TimeoutExpired(command, timeout)
+        out = command[command.index("--child-json") + 1]
+        row = {"median_ms": 1.0, "p90_ms": 1.1, "cold_compile_s": 3.0, "max_err_vs_fp32": 1e-3}  # as a child writes
+        Path(out).write_text(json.dumps({"model": name, "shape": [int(batch), 128], "dtype": dtype,
+                                         "backends": {"eager": row, "trtrtx": row}}))
+        return subprocess.CompletedProcess(command, 0, "", "")
+
+    monkeypatch.setattr(subprocess, "run", fake_run)
+    args = argparse.Namespace(models="hf-bert,hf-gpt2", dtypes="float16", batches="small", out=str(tmp_path),
+                              tag="-test", budget_s=0, cache_dir=str(tmp_path / "cache"), rounds=1, iters=1,
+                              backends="eager,trtrtx", timeout_s=5)
+    assert zoo.gpu_main(args) == 0
+    assert children == ["hf-bert:1:float16", "hf-gpt2:1:float16"]
+    assert plotted == [1, 2, 2]  # after each configuration, and once more at the end
+    saved = json.loads(next(tmp_path.glob("*-zoo-test.json")).read_text())
+    assert [c["model"] for c in saved["configs"]] == ["hf-bert", "hf-gpt2"]
+    assert saved["configs"][1]["error"] == "timed out after 5s"
+    assert "hf-bert" in next(tmp_path.glob("*-zoo-test.md")).read_text()
+    children.clear()
+    assert zoo.gpu_main(args) == 0
+    assert children == []  # both were measured (the timeout is a result too)
