@@ -639,6 +639,8 @@ def table(results: dict[str, Any]) -> str:
     lines += ["", "Ratios (best trtrtx strategy / peer; below 1 is faster) and trtrtx's time split:", "",
               "| model | shape | dtype | vs torch_tensorrt | vs inductor-ro | vs inductor | engine ms | other ms |",
               "|---|---|---|---|---|---|---|---|"]
+    peers = ("torch_tensorrt", "inductor-ro", "inductor")
+    found: dict[str, list[float]] = {p: [] for p in peers}
     for c in results["configs"]:
         b = c["backends"]
         ours = [(b[k]["median_ms"], k) for k in ("trtrtx", "trtrtx-cg") if "median_ms" in b.get(k, {})]
@@ -651,9 +653,15 @@ def table(results: dict[str, Any]) -> str:
         best, key = min(ours)
         engine = b[key].get("engine_ms")
         split = (f"{engine:.3f} | {best - engine:.3f}") if engine is not None else "- | -"
-        ratios = " | ".join(f"{best / b[p]['median_ms']:.2f}" if "median_ms" in b.get(p, {}) else "-"
-                            for p in ("torch_tensorrt", "inductor-ro", "inductor"))
+        for p in peers:
+            if "median_ms" in b.get(p, {}):
+                found[p].append(best / b[p]["median_ms"])
+        ratios = " | ".join(f"{best / b[p]['median_ms']:.2f}" if "median_ms" in b.get(p, {}) else "-" for p in peers)
         lines.append(f"| {c['model']} | {tuple(c['shape'])} | {c['dtype']} | {ratios} | {split} |")
+    if any(found.values()):
+        lines.append("| geometric mean (configurations; at most 1.0) | | | " + " | ".join(
+            f"{statistics.geometric_mean(r):.2f} ({len(r)}; {sum(x <= 1.0 for x in r)})" if r else "-"
+            for r in found.values()) + " | | |")
     lines += ["", "Peak MB: the GPU memory that compiling and the first calls took, above where it stood before "
               "(device: the driver's count, TensorRT-RTX's and other runtimes' own memory included; in brackets, "
               "PyTorch's allocator alone). Earlier results (`peak MB`) counted PyTorch's allocator alone, "

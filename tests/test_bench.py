@@ -129,6 +129,22 @@ def test_a_result_is_judged_wrong_only_against_what_ran_beside_it(bench, others,
     assert report.wrong(config, "trtrtx") is verdict
 
 
+def test_ratio_table_ends_with_each_peers_geometric_mean_and_how_many_are_at_most_one(bench):
+    row = {"cold_compile_s": 1.0, "max_err_vs_fp32": 0.01}
+
+    def config(model: str, ours: float, inductor_ro: float, **more: dict) -> dict:
+        return {"model": model, "shape": [1], "dtype": "float16", "backends": {
+            "inductor-ro": {"median_ms": inductor_ro, "p90_ms": inductor_ro, **row},
+            "trtrtx-cg": {"median_ms": ours, "p90_ms": ours, **row}, **more}}
+
+    results = {"env": {}, "backends": ["inductor-ro", "torch_tensorrt", "trtrtx-cg"], "configs": [
+        config("a", 1.0, 2.0), config("b", 2.0, 1.0),
+        config("c", 3.0, 3.0, torch_tensorrt={"median_ms": 6.0, "p90_ms": 6.0, **row})]}
+    line = next(x for x in bench.table(results).splitlines() if x.startswith("| geometric mean"))
+    cells = [cell.strip() for cell in line.strip("|").split("|")]
+    assert cells[3:6] == ["0.50 (1; 1)", "1.00 (3; 2)", "-"]  # vs torch_tensorrt, inductor-ro, inductor
+
+
 def _report_module():  # type: ignore[no-untyped-def]
     spec = importlib.util.spec_from_file_location("report_script", ROOT / "bench" / "report.py")
     module = importlib.util.module_from_spec(spec)
