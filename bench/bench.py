@@ -653,10 +653,10 @@ def table(results: dict[str, Any]) -> str:
         best, key = min(ours)
         engine = b[key].get("engine_ms")
         split = (f"{engine:.3f} | {best - engine:.3f}") if engine is not None else "- | -"
-        for p in peers:
-            if "median_ms" in b.get(p, {}):
-                found[p].append(best / b[p]["median_ms"])
-        ratios = " | ".join(f"{best / b[p]['median_ms']:.2f}" if "median_ms" in b.get(p, {}) else "-" for p in peers)
+        against = {p: best / b[p]["median_ms"] for p in peers if "median_ms" in b.get(p, {})}
+        for p, ratio in against.items():
+            found[p].append(ratio)
+        ratios = " | ".join(f"{against[p]:.2f}" if p in against else "-" for p in peers)
         lines.append(f"| {c['model']} | {tuple(c['shape'])} | {c['dtype']} | {ratios} | {split} |")
     if any(found.values()):
         lines.append("| geometric mean (configurations; at most 1.0) | | | " + " | ".join(
