@@ -36,6 +36,7 @@ class SmallNet(nn.Module):
 def main() -> None:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     device = "cuda" if torch.cuda.is_available() else "cpu"
+    torch.manual_seed(0)  # the same weights every run: a second run of this script loads its engine too
     dtype = torch.float16  # Turing runs FP16 GEMMs and convolutions on TensorRT-RTX, not FP32 GEMMs
     model = SmallNet().eval().to(device, dtype)
     x = torch.randn(8, 3, 32, 32, device=device, dtype=dtype)
@@ -47,7 +48,7 @@ def main() -> None:
         y = compiled(x)
     seconds = time.perf_counter() - start
     with torch.no_grad():
-        ref = model.float()(x.float())
+        ref = model.float()(x.float())  # (moved back to FP16 for the second start below)
     err = (y.float() - ref).abs().max().item()
 
     print(f"device: {device}; targets: {TARGETS}; first call (compile + run): {seconds:.1f}s")
@@ -60,6 +61,21 @@ def main() -> None:
     print(f"max abs error vs FP32 eager: {err:.2e}; output {tuple(y.shape)} {y.dtype}")
     if err > 1e-2:
         raise SystemExit("result disagrees with eager")
+
+    # A second start, as in a new process: Dynamo forgets the model, trtrtx's engine cache does not,
+    # so the engines are loaded from the cache instead of built (python -m rtx_backend info shows it).
+    torch._dynamo.reset()
+    model.half()
+    compiled = torch.compile(model, backend="trtrtx",
+                             options={"target_compute_capabilities": TARGETS, "min_block_size": 1})
+    start = time.perf_counter()
+    with torch.no_grad(), rtx_backend.recording() as again:
+        compiled(x)
+    loaded = sum(r.engine == "loaded from the engine cache" for r in again.regions)
+    print(f"second start (compile + run): {time.perf_counter() - start:.1f}s; "
+          f"{loaded} of {len(again.regions)} engine(s) loaded from the engine cache, none built")
+    if loaded != len(again.regions) or not loaded:
+        raise SystemExit("the engine cache was not used: see the warnings above")
 
 
 if __name__ == "__main__":

@@ -14,8 +14,11 @@ from typing import Any
 import torch
 
 from . import _host, _stats, _torch_compat
-from ._errors import OptionsError, RuntimeUnavailableError
+from ._errors import OptionsError, RtxBackendError, RuntimeUnavailableError
+from ._log import one_line
 from ._options import options_for_mode
+from ._recompiles import warn_if_dtype_recompile
+from ._record import record_not_lowered
 from .assemble import rest as _rest
 from .assemble.reuse import compile_or_reuse
 from .assemble.weights import guard_weights
@@ -35,19 +38,24 @@ def trtrtx(
     `mode=`: "default", or "reduce-overhead" (TensorRT-RTX's native CUDA graphs,
     cuda_graph_strategy="whole_graph_capture"); other modes raise OptionsError.
     """
-    opts = options_for_mode(mode, options)
+    try:
+        opts = options_for_mode(mode, options)
+    except RtxBackendError as exc:  # OptionsError, TargetError: catchable as documented, not Dynamo's wrapper
+        raise _torch_compat.past_dynamo(exc) from exc.__cause__
     _stats.count("backend_calls")
+    warn_if_dtype_recompile(example_inputs)
     if needs_autograd(example_inputs):
-        log.warning(
-            "trtrtx compiles inference graphs only; this graph records autograd history (grad mode "
-            "is on and an input or parameter requires grad), so it runs in PyTorch. Call the model "
-            "under torch.no_grad() or torch.inference_mode() to run it on TensorRT-RTX."
-        )
-        return _rest.whole_graph(gm, example_inputs, opts, gm.forward) if _rest.rest_choice(opts).inductor \
-            else gm.forward
+        why = ("this graph records autograd history (grad mode is on and an input or parameter requires grad), "
+               "and trtrtx compiles inference graphs only")
+        by_inductor = _rest.rest_choice(opts).inductor
+        log.warning("trtrtx: %s, so it runs in %s. Call the model under torch.no_grad() or "
+                    "torch.inference_mode() to run it on TensorRT-RTX.", why, "inductor" if by_inductor else "PyTorch")
+        record_not_lowered(why)
+        return _rest.whole_graph(gm, example_inputs, opts, gm.forward) if by_inductor else gm.forward
     if any(isinstance(t, torch.Tensor) and t.is_meta for t in example_inputs):
         # no data to run on: PyTorch gives meta outputs of the right shapes and dtypes, as eager does
         log.info("trtrtx: this graph takes meta tensors; it runs in PyTorch (meta outputs, as in eager mode)")
+        record_not_lowered("it takes meta tensors (PyTorch gives meta outputs, as in eager mode)")
         return gm.forward
     try:
         # weights are hashed once (for the graph key and the engine keys), copied to the host once
@@ -65,11 +73,16 @@ def trtrtx(
     except Exception as exc:
         if opts.strict or isinstance(exc, OptionsError) or (
                 isinstance(exc, RuntimeUnavailableError) and opts.runtime == "tensorrt_rtx"):
-            raise  # an option that does not fit this graph is the user's to fix, not a fallback
+            # an option that does not fit this graph is the user's to fix, not a fallback; raised
+            # past Dynamo so that `except rtx_backend.OptionsError` (or RtxBackendError) catches it
+            if isinstance(exc, RtxBackendError):
+                raise _torch_compat.past_dynamo(exc) from exc.__cause__
+            raise
         # Regions fall back one by one (compile_region); this is the net under the rest of the
         # pipeline (lowering, policy, partition): a working model must not become a crash.
         by_inductor = _rest.rest_choice(opts, unlowered=True).inductor
-        log.warning("trtrtx: this graph runs in %s: compiling it failed (%s: %s)",
-                    "inductor" if by_inductor else "PyTorch", type(exc).__name__, exc)
+        log.warning("trtrtx: this graph runs in %s: compiling it failed (%s)",
+                    "inductor" if by_inductor else "PyTorch", one_line(exc))
+        record_not_lowered(f"compiling it failed ({one_line(exc)})")
         log.debug("trtrtx: graph compilation failed", exc_info=exc)
         return _rest.whole_graph(gm, example_inputs, opts, gm.forward) if by_inductor else gm.forward

@@ -37,3 +37,14 @@ def say_once(message: str, level: int = logging.WARNING, *, key: str | None = No
     (or anything under `key`)."""
     if SAID.first(key if key is not None else message):
         log.log(level, message)
+
+
+def one_line(exc: BaseException, limit: int = 300) -> str:
+    """`Type: message` of an exception on one line, for a WARNING: exporter and TensorRT-RTX
+    errors run to many lines (reports, tracebacks), which would break up the log. The first
+    lines that say something, cut at `limit` characters; DEBUG logging keeps the whole error."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    text = " / ".join(lines[:3]) if lines else "(no message)"
+    if len(text) > limit:
+        text = text[: limit - 3].rstrip() + "..."
+    return f"{type(exc).__name__}: {text}"

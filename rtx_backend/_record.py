@@ -25,10 +25,11 @@ _ACTIVE: contextvars.ContextVar[list[CompiledGraph] | None] = contextvars.Contex
 class CompiledGraph:
     """One graph handed to the backend: its partition plan and its runtime modules."""
 
-    plan: Any  # plan.partition.PartitionPlan
+    plan: Any  # plan.partition.PartitionPlan; None for a graph that was not lowered
     regions: list[Any]  # run.region.RegionModule, in graph order
     seconds: float
     from_graph_cache: bool = False
+    not_lowered: str = ""  # why the whole graph runs in PyTorch or inductor ("" when it was lowered)
 
 
 @contextlib.contextmanager
@@ -45,3 +46,9 @@ def record(graph: CompiledGraph) -> None:
     graphs = _ACTIVE.get()
     if graphs is not None:
         graphs.append(graph)
+
+
+def record_not_lowered(why: str) -> None:
+    """A graph that the backend did not lower at all (grad mode, meta inputs, a failure): recorded
+    too, so that `recording()` says so instead of leaving it out."""
+    record(CompiledGraph(None, [], 0.0, not_lowered=why))

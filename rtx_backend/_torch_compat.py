@@ -158,6 +158,45 @@ def dynamo_exc() -> ModuleType:
     return importlib.import_module("torch._dynamo.exc")
 
 
+def current_compile_id() -> Any:
+    """Dynamo's id of the compile in progress (frame_id, frame_compile_id), or None outside one:
+    how the backend knows a compile is a recompile of the same code. torch._guards has no public
+    twin; Dynamo's own recompile logs read the same field."""
+    return importlib.import_module("torch._guards").CompileContext.current_compile_id()
+
+
+_PAST_DYNAMO: dict[type, type] = {}
+
+
+def past_dynamo(exc: BaseException) -> BaseException:
+    """`exc` as an exception that Dynamo lets through to the caller as it is.
+
+    Dynamo wraps whatever a backend raises in its BackendCompilerFailed, so `except
+    rtx_backend.OptionsError` around a compiled model's first call would never match. It re-raises
+    its own ShortenTraceback family unwrapped (BackendCompilerFailed is one), so the error we mean
+    the user to catch becomes an instance of a subclass of both its own type and ShortenTraceback:
+    `except OptionsError` matches, and the message and traceback are the original's. No public API
+    lets a backend's error through; the subclass is made once per type.
+    """
+    base = dynamo_exc().ShortenTraceback
+    cls = type(exc)
+    if isinstance(exc, base):
+        return exc
+    sub = _PAST_DYNAMO.get(cls)
+    if sub is None:
+        # first_useful_frame=None: Dynamo's remove_dynamo_frames() keeps the traceback as it is;
+        # __str__: our message alone (Dynamo appends its debugging hints to the exception's args)
+        sub = type(cls.__name__, (cls, base), {"__module__": cls.__module__, "__qualname__": cls.__qualname__,
+                                                "first_useful_frame": None,
+                                                "__str__": lambda self: self.rtx_message})
+        _PAST_DYNAMO[cls] = sub
+    passed = sub.__new__(sub, *exc.args)
+    passed.__dict__.update(exc.__dict__)
+    passed.rtx_message = str(exc)
+    passed.__cause__, passed.__context__ = exc.__cause__, exc.__context__
+    return passed.with_traceback(exc.__traceback__)
+
+
 def aot_autograd() -> ModuleType:
     """torch._functorch.aot_autograd: aot_module_simplified and make_boxed_func are how a Dynamo
     backend gets a functionalized, decomposed ATen graph (torch._dynamo.backends.common uses them
@@ -283,6 +322,9 @@ ENTRY_POINTS: tuple[tuple[str, Callable[[], Any], bool], ...] = (
     ("torch._dynamo.exc.TorchDynamoException", lambda: dynamo_exc().TorchDynamoException, False),
     ("torch._dynamo.exc.RestartAnalysis", lambda: dynamo_exc().RestartAnalysis, False),
     ("torch._dynamo.exc.UserError", lambda: dynamo_exc().UserError, False),
+    ("torch._dynamo.exc.ShortenTraceback", lambda: dynamo_exc().ShortenTraceback, False),
+    ("torch._guards.CompileContext.current_compile_id",
+     lambda: importlib.import_module("torch._guards").CompileContext.current_compile_id, False),
     ("torch._functorch.aot_autograd.aot_module_simplified", lambda: aot_autograd().aot_module_simplified, False),
     ("torch._functorch.aot_autograd.make_boxed_func", lambda: aot_autograd().make_boxed_func, False),
     ("torch._functorch._aot_autograd.schemas.OutputType.non_alias", lambda: aot_schemas().OutputType.non_alias, False),

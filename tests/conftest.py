@@ -16,9 +16,10 @@ from rtx_backend import _trt
 
 def gpu_skip_reason() -> str | None:
     if not torch.cuda.is_available():
-        return "no CUDA GPU on this machine (GPU tests run on the GPU machine, see DEVICE notes)"
+        return ("no CUDA GPU visible to torch here (a CPU-only torch, or no GPU): this test runs TensorRT-RTX "
+                "engines; run it on a machine with an RTX GPU and a CUDA build of torch")
     if not _trt.available():
-        return "TensorRT-RTX is not importable"
+        return f"TensorRT-RTX cannot be used here ({_trt.unavailable_reason()}); pip install tensorrt-rtx"
     return None
 
 

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from .. import _host, _stats
+from .._log import one_line
 from .._options import Options
 from ..run.executors import TorchExecutor, TrtExecutor
 from ..run.region import RegionModule
@@ -76,9 +77,9 @@ def _build(module: RegionModule, unbuilt: Unbuilt, options: Options, device: tor
             fresh.executor.ready()  # its contexts made here, not on the next call
     except Exception as exc:  # PyTorch runs the region already: it goes on doing so
         module.building = False
-        module.why = f"its engine could not be built in the background ({type(exc).__name__}: {exc})"
-        log.warning("trtrtx: region %s runs in PyTorch: its engine could not be built in the background (%s: %s)",
-                    module.name, type(exc).__name__, exc)
+        module.why = f"its engine could not be built in the background ({one_line(exc)})"
+        log.warning("trtrtx: region %s runs in PyTorch: its engine could not be built in the background (%s)",
+                    module.name, one_line(exc))
         log.debug("trtrtx: region %s: background build failed", module.name, exc_info=exc)
         _stats.count("background_build_failures")
         return
@@ -100,7 +101,7 @@ def _build(module: RegionModule, unbuilt: Unbuilt, options: Options, device: tor
             module.updating = None
             module.why = f"its weights changed while its engine was built, and it could not take them ({exc})"
             log.warning("trtrtx: region %s runs in PyTorch: its weights changed while its engine was built in the "
-                        "background, and the engine could not take them (%s: %s)", module.name, type(exc).__name__, exc)
+                        "background, and the engine could not take them (%s)", module.name, one_line(exc))
         finally:
             UPDATES.start_deferred()
         return

@@ -43,7 +43,7 @@ def compile_graph(
     seconds = time.perf_counter() - start
     record(CompiledGraph(plan, modules, seconds))
     if not modules:
-        _warn_nothing_lowered(plan)
+        warn_nothing_lowered(plan)
     after = _stats.stats()
     built, cached, behind = (after.get(k, 0) - before.get(k, 0)
                              for k in ("engine_builds", "engine_cache_hits", "background_builds"))
@@ -90,14 +90,22 @@ def compile_regions(
             gm = torch.fx.GraphModule(aten_gm, copy.deepcopy(pristine))
 
 
-def _warn_nothing_lowered(plan: PartitionPlan) -> None:
-    """A graph of which nothing runs on TensorRT-RTX because of the declared targets (an FP32
-    model for Turing, say) deserves more than an INFO line: say which rules, and the fix."""
+def warn_nothing_lowered(plan: PartitionPlan) -> None:
+    """A graph of which nothing runs on TensorRT-RTX (an FP32 model for Turing, a model smaller
+    than min_block_size, every op in torch_executed_ops) deserves a WARNING, not an INFO line:
+    say which rules kept its nodes out, and the fix of each. A graph with nothing to lower (host
+    arithmetic, weights only) says nothing."""
     counts: dict[str, int] = {}
     for reason in plan.reasons.values():
-        if reason.rule in TARGET_RULES:
+        if reason.rule not in QUIET_RULES:
             counts[reason.rule] = counts.get(reason.rule, 0) + 1
     if counts:
-        rules = "; ".join(f"{rule} kept {n} node(s) in PyTorch (fix: {FIXES[rule]})" for rule, n in counts.items())
+        ordered = sorted(counts.items(), key=lambda kv: (kv[0] not in TARGET_RULES, -kv[1]))
+        rules = "; ".join(f"{rule} kept {n} node(s) in PyTorch (fix: {FIXES.get(rule, 'see explain')})"
+                          for rule, n in ordered)
         say_once(f"trtrtx: nothing of this graph runs on TensorRT-RTX: {rules}. rtx_backend.explain(model, "
-                   "*inputs, options=...) lists every node")
+                 "*inputs, options=...) lists every node")
+
+
+# rules that keep nodes out with nothing for the user to do, and that follow from other rules
+QUIET_RULES = frozenset({"not-an-op", "not-aten", "weights-only"})

@@ -15,6 +15,7 @@ import torch
 
 from .. import _stats, _targets
 from .._errors import BuildError, RegionRefused, RtxBackendError, RuntimeUnavailableError
+from .._log import one_line
 from .._options import Options
 from .._types import EngineData, OnnxRegion, Profile
 from ..build.engine import Network, build, parse_network
@@ -66,10 +67,10 @@ def compile_region(
             if error is exc:
                 raise
             raise error from exc
-        log.warning("trtrtx: region %s runs in PyTorch: %s", name, error)
+        log.warning("trtrtx: region %s runs in PyTorch: %s", name, one_line(error).removeprefix("BuildError: "))
         log.debug("trtrtx: region %s failed", name, exc_info=exc)
         fallback = RegionModule(name, reference, onnx_region, engine, TorchExecutor(reference))
-        fallback.why = f"compiling it failed: {error}"
+        fallback.why = f"compiling it failed: {one_line(error)}"
         return fallback
     module = runtime_module(name, reference, onnx_region, engine, profile, record, options, device, executor,
                             overrides=overrides)

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from .. import _stats, _torch_compat
-from .._log import say_once
+from .._log import one_line, say_once
 from .._options import Options
 from ..export.bridge import FROZEN
 from ..lower.lowering import without_autocast
@@ -130,7 +130,7 @@ def compile_rest(
     except Exception as exc:
         if options.strict:
             raise
-        say_once(f"trtrtx: inductor could not compile this graph's rest; it runs in PyTorch ({type(exc).__name__}: {exc})")
+        say_once(f"trtrtx: inductor could not compile this graph's rest; it runs in PyTorch ({one_line(exc)})")
         log.debug("trtrtx: inductor failed on the rest", exc_info=exc)
         return fn
     _stats.count("rest_inductor_graphs")
@@ -149,7 +149,7 @@ def whole_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options
     except _torch_compat.dynamo_exc().TorchDynamoException:
         raise
     except Exception as exc:
-        say_once(f"trtrtx: inductor could not compile this graph either; it runs in PyTorch ({type(exc).__name__}: {exc})")
+        say_once(f"trtrtx: inductor could not compile this graph either; it runs in PyTorch ({one_line(exc)})")
         log.debug("trtrtx: inductor failed on the graph", exc_info=exc)
         return eager
 
@@ -215,7 +215,7 @@ class _RegionRunner:
             return self._compiled()(*args)
         except Exception as exc:
             say_once(f"trtrtx: inductor could not compile region {module.name}; it runs in "
-                  f"{'PyTorch' if module.executor.kind == 'pytorch' else module.kind} ({type(exc).__name__}: {exc})")
+                  f"{'PyTorch' if module.executor.kind == 'pytorch' else module.kind} ({one_line(exc)})")
             self.compiled = module.graph_module
             if module.executor.kind != "pytorch":
                 self.use_inductor = False

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from .. import _host
+from .._log import one_line
 from .._options import Options
 from .._record import CompiledGraph, record
 from ..build.profiles import symbol_overrides
@@ -24,7 +25,7 @@ from ..plan.partition import PartitionPlan
 from ..run.region import RegionModule, direct_forward
 from . import rest as _rest
 from . import rest_fastest as _rest_fastest
-from .graph import compile_graph, generate_code
+from .graph import compile_graph, generate_code, warn_nothing_lowered
 from .region import runtime_module
 
 log = logging.getLogger("rtx_backend")
@@ -112,16 +113,18 @@ def from_graph_cache(
             setattr(entry.graph_module, ref.name, module)
             modules.append(module)
     except Exception as exc:  # an entry that cannot be rebuilt here: compile as if it were not there
-        log.warning("trtrtx: graph cache entry %s is unusable (%s: %s); compiling the graph again",
-                    key.name, type(exc).__name__, exc)
+        log.warning("trtrtx: graph cache entry %s is unusable (%s); compiling the graph again",
+                    key.name, one_line(exc))
         return None
     gm = entry.graph_module
     generate_code(gm)
     if roots is not None:
         roots.append(gm)
     seconds = time.perf_counter() - start
-    record(CompiledGraph(PartitionPlan(gm, [r.name for r in entry.regions], entry.reasons, entry.eager_ops),
-                         modules, seconds, from_graph_cache=True))
+    plan = PartitionPlan(gm, [r.name for r in entry.regions], entry.reasons, entry.eager_ops)
+    record(CompiledGraph(plan, modules, seconds, from_graph_cache=True))
+    if not modules:
+        warn_nothing_lowered(plan)
     log.info("trtrtx: reused a compiled graph from the graph cache in %.2fs: %d region(s) %s, %d op(s) left in "
              "PyTorch", seconds, len(modules), [m.kind for m in modules], len(entry.eager_ops))
     return without_autocast(direct_forward(gm))

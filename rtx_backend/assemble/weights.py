@@ -39,6 +39,7 @@ from typing import Any
 import torch
 
 from .. import _stats, _torch_compat
+from .._log import one_line
 from .._options import Options
 from .._types import OnnxRegion
 from ..cache.engines import fetch_attr
@@ -397,7 +398,7 @@ def _in_background(module: RegionModule, generation: int, executor: Any, onnx: O
             if module.generation != generation:
                 return
             module.updating = None
-            module.why = f"its weights changed and it could not take the new ones ({type(exc).__name__}: {exc})"
+            module.why = f"its weights changed and it could not take the new ones ({one_line(exc)})"
         _not_taken(module, exc)
         return
     with UPDATES.swap:
@@ -412,8 +413,8 @@ def _in_background(module: RegionModule, generation: int, executor: Any, onnx: O
 
 def _not_taken(module: RegionModule, exc: BaseException) -> None:
     """Say that the region could not take its new weights, and count it (PyTorch runs it now)."""
-    log.warning("trtrtx: region %s: its weights changed and it could not take the new ones (%s: %s); "
-                "it runs in PyTorch from now on", module.name, type(exc).__name__, exc)
+    log.warning("trtrtx: region %s: its weights changed and it could not take the new ones (%s); "
+                "it runs in PyTorch from now on", module.name, one_line(exc))
     log.debug("trtrtx: region %s: weight update failed", module.name, exc_info=exc)
     _stats.count("weight_fallbacks")
 

@@ -241,8 +241,18 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
     import json
 
-    parser = argparse.ArgumentParser(prog="python -m rtx_backend", description=__doc__.split("\n")[0])
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = argparse.ArgumentParser(
+        prog="python -m rtx_backend", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="trtrtx, the torch.compile backend for NVIDIA TensorRT-RTX: what is installed,\n"
+                    "what this machine can do, and the caches.",
+        epilog="examples:\n"
+               "  python -m rtx_backend info               versions, GPU, whether engines run here, caches\n"
+               "  python -m rtx_backend info --json        the same as JSON, for scripts and bug reports\n"
+               "  python -m rtx_backend clear-cache        delete cached engines and runtime caches\n"
+               "  python -m rtx_backend adopt-cache DIR    trust an engine cache copied from another machine\n"
+               "\n'python -m rtx_backend COMMAND --help' shows a command's options. The caches live under\n"
+               "$RTX_BACKEND_CACHE_DIR, else $XDG_CACHE_HOME/rtx_backend, else ~/.cache/rtx_backend.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     info_p = sub.add_parser("info", help="versions, GPU, buildable targets, caches")
     info_p.add_argument("--json", action="store_true", help="print JSON instead of text")
     info_p.add_argument("--no-probe", action="store_true", help="do not build a test engine on the GPU")

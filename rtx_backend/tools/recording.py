@@ -79,6 +79,7 @@ class GraphRecord:
     from_graph_cache: bool  # reused from the graph cache: not lowered again
     regions: tuple[RegionRecord, ...]
     kept_in_pytorch: tuple[EagerRecord, ...]
+    not_lowered: str = ""  # why the whole graph runs in PyTorch or inductor ("" when it was lowered)
 
 
 class Recording:
@@ -117,6 +118,9 @@ class Recording:
                  + (f" ({per_runtime})" if per_runtime else "")
                  + f"; engines: {built} built, {loaded} loaded from the engine cache"]
         for g in graphs:
+            if g.not_lowered:
+                lines.append(f"graph {g.index}: not lowered, runs without TensorRT-RTX: {g.not_lowered}")
+                continue
             source = "reused from the graph cache" if g.from_graph_cache else "compiled"
             lines.append(f"graph {g.index}: {source} in {g.seconds:.2f}s, {len(g.regions)} region(s), "
                          f"{len(g.kept_in_pytorch)} node(s) kept in PyTorch")
@@ -153,11 +157,11 @@ def _graph_record(index: int, graph: _record.CompiledGraph) -> GraphRecord:
     regions = tuple(_region_record(index, m) for m in graph.regions)
     plan = graph.plan
     eager = []
-    for node, op in plan.eager_ops:
+    for node, op in (plan.eager_ops if plan is not None else ()):
         reason = plan.reasons.get(node)
         eager.append(EagerRecord(index, node, op, getattr(reason, "rule", "unknown"),
                                  getattr(reason, "message", "not placed in a region")))
-    return GraphRecord(index, graph.seconds, graph.from_graph_cache, regions, tuple(eager))
+    return GraphRecord(index, graph.seconds, graph.from_graph_cache, regions, tuple(eager), graph.not_lowered)
 
 
 def _region_record(index: int, module: Any) -> RegionRecord:
