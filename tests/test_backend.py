@@ -16,7 +16,7 @@ from rtx_backend import _backend as _backend_module
 from rtx_backend import _log, _trt
 from rtx_backend.build import engine as _engine
 
-from .helpers import _LAST, backend_error, compile_and_run, regions
+from .helpers import _LAST, compile_and_run, regions
 from .models import MLP, ConvNet, WithEagerOp, eval_model
 
 SM86 = [(8, 6)]
@@ -392,10 +392,9 @@ def test_mode_maps_onto_tensorrt_rtx_cuda_graphs(monkeypatch, mode, strategy):
 ])
 def test_modes_that_do_not_map_raise_options_error_saying_what_to_use(mode, says):
     compiled = torch.compile(torch.nn.Linear(4, 4).eval(), backend="trtrtx", mode=mode)
-    with pytest.raises(Exception) as info, torch.no_grad():
+    with pytest.raises(rtx_backend.OptionsError) as info, torch.no_grad():
         compiled(torch.randn(2, 4))
-    error = backend_error(info.value)
-    assert isinstance(error, rtx_backend.OptionsError) and says in str(error)
+    assert says in str(info.value)
 
 
 def test_mode_and_options_together_agree_or_raise():
@@ -418,3 +417,60 @@ def test_fp32_model_for_turing_that_lowers_nothing_warns_with_the_fix(monkeypatc
         compiled(torch.randn(2, 8))
     (message,) = [r.getMessage() for r in caplog.records if "nothing of this graph runs" in r.getMessage()]
     assert "fp32-gemm-turing kept 2 node(s)" in message and "run the model in FP16" in message
+
+
+# ---- a word where something the user would not expect happens -----------------------------------
+
+@pytest.mark.parametrize(("options", "rule", "fix"), [
+    ({"min_block_size": 50}, "min_block_size", "lower min_block_size"),
+    ({"min_block_size": 1, "torch_executed_ops": ["aten.addmm", "aten.relu", "aten.gelu"]}, "torch_executed_ops",
+     "remove the op from torch_executed_ops"),
+])
+def test_a_graph_that_gives_no_region_warns_with_the_rule_and_the_fix(monkeypatch, caplog, options, rule, fix):
+    monkeypatch.setattr(_log, "SAID", _log.Once())
+    model = eval_model(MLP())
+    compiled = torch.compile(model, backend="trtrtx", options={**options, "engine_cache_dir": ""})
+    with caplog.at_level(logging.WARNING, logger="rtx_backend"), torch.no_grad():
+        compiled(torch.randn(2, 16))
+    said = [r.getMessage() for r in caplog.records
+            if r.levelno == logging.WARNING and "nothing of this graph runs" in r.getMessage()]
+    assert len(said) == 1, caplog.text
+    assert f"{rule} kept" in said[0] and fix in said[0] and "\n" not in said[0]
+
+
+def test_a_graph_not_lowered_under_grad_is_in_the_recording(caplog):
+    model = MLP()  # parameters require grad, grad mode on
+    compiled = torch.compile(model, backend="trtrtx", options={"min_block_size": 1, "engine_cache_dir": ""})
+    with rtx_backend.recording() as rec:
+        compiled(torch.randn(2, 16))
+    (graph,) = rec.graphs
+    assert "autograd" in graph.not_lowered and graph.regions == ()
+    assert "not lowered" in str(rec) and "autograd" in str(rec)
+    assert rec.to_dict()["graphs"][0]["not_lowered"] == graph.not_lowered
+    assert sum("inference graphs only" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_a_dtype_change_that_recompiles_says_so_once_per_change(caplog):
+    model = eval_model(MLP())
+    compiled = torch.compile(model, backend="trtrtx", options={"min_block_size": 1, "engine_cache_dir": ""})
+    x = torch.randn(2, 16)
+    with caplog.at_level(logging.WARNING, logger="rtx_backend"), torch.no_grad():
+        compiled(x)
+        compiled(torch.randn(3, 16))  # a shape change: a recompile, but not for a dtype
+        assert not [r for r in caplog.records if "changed dtype" in r.getMessage()], caplog.text
+        model.half()
+        y = compiled(x.half())
+        compiled(x.half())  # compiled already: nothing more to say
+    said = [r.getMessage() for r in caplog.records if "changed dtype" in r.getMessage()]
+    assert len(said) == 1, caplog.text
+    assert "now float16, before float32" in said[0] and "model.half()" in said[0]
+    assert y.dtype == torch.float16
+
+
+def test_warning_lines_carry_one_line_of_a_long_error():
+    error = RuntimeError("export failed\n\n## Report\n" + "detail " * 200 + "\nline 4\n" * 50)
+    line = _log.one_line(error)
+    assert "\n" not in line and line.startswith("RuntimeError: export failed / ## Report / detail detail")
+    assert len(line) <= 320 and line.endswith("...") and "line 4" not in line
+    assert _log.one_line(RuntimeError("a\nb\nc\nd")) == "RuntimeError: a / b / c"
+    assert _log.one_line(ValueError()) == "ValueError: (no message)"

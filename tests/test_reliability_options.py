@@ -23,8 +23,6 @@ import rtx_backend
 from rtx_backend import Options, OptionsError, RtxBackendError, TargetError
 from rtx_backend._options import MAX_DIM
 
-from .helpers import backend_error
-
 SUPPORTED = _trt.buildable_capabilities()
 
 
@@ -178,12 +176,42 @@ def test_direct_construction_and_replace_are_validated_too():
     assert Options(runtime="AUTO").runtime == "auto"  # normalized, not only checked
 
 
-def test_bad_option_surfaces_through_torch_compile_as_our_error():
+def test_bad_target_through_torch_compile_is_caught_as_target_error():
     model = torch.nn.Linear(4, 4).eval()
     compiled = torch.compile(model, backend="trtrtx", options={"target_compute_capabilities": [(13, 5)]})
-    with pytest.raises(Exception) as info, torch.no_grad():
+    with pytest.raises(TargetError) as info, torch.no_grad():  # as documented: not Dynamo's wrapper
         compiled(torch.randn(2, 4))
-    assert isinstance(backend_error(info.value), TargetError)
+    assert "(13, 5)" in str(info.value) and "TORCHDYNAMO_VERBOSE" not in str(info.value)
+
+
+@pytest.mark.parametrize(("kwargs", "match"), [
+    ({"options": {"min_blok_size": 2}}, "did you mean 'min_block_size'"),
+    ({"options": {"runtime": "vulkan"}}, "runtime"),
+    ({"mode": "max-autotune"}, "autotuning"),
+])
+def test_bad_options_through_torch_compile_are_caught_with_except_options_error(kwargs, match):
+    """The README's promise: `except rtx_backend.OptionsError` around the compiled model's first call."""
+    compiled = torch.compile(torch.nn.Linear(4, 4).eval(), backend="trtrtx", **kwargs)
+    try:
+        with torch.no_grad():
+            compiled(torch.randn(2, 4))
+    except OptionsError as exc:
+        assert re.search(match, str(exc)), str(exc)
+        assert type(exc).__name__ == "OptionsError" and isinstance(exc, RtxBackendError)
+        assert str(exc).count("\n") == 0  # our one-line message, without Dynamo's hints appended
+    else:
+        pytest.fail("no OptionsError")
+
+
+def test_options_are_checked_when_written_with_options_from_dict():
+    """The way to check options before anything is compiled: the same OptionsError, at once."""
+    with pytest.raises(OptionsError, match="min_block_size"):
+        Options.from_dict({"min_block_size": 0})
+    checked = Options.from_dict({"min_block_size": 1, "engine_cache_dir": ""})
+    compiled = torch.compile(torch.nn.Linear(4, 4).eval(), backend="trtrtx", options=checked)
+    with torch.no_grad():
+        y = compiled(torch.randn(2, 4))
+    assert y.shape == (2, 4)
 
 
 # ---- property-based: random option dicts ---------------------------------------------------------
@@ -282,7 +310,7 @@ _X = torch.randn(3, 8)
 @settings(max_examples=15, deadline=None, suppress_health_check=list(HealthCheck), database=None)
 @given(data=st.data())
 def test_random_option_dicts_compile_or_raise_our_error(data, tmp_path_factory):
-    """Each dict through torch.compile: a correct result, or (through Dynamo's wrapper) our error."""
+    """Each dict through torch.compile: a correct result, or our error (not Dynamo's wrapper)."""
     root = tmp_path_factory.getbasetemp() / "compile-opts"
     options = data.draw(_option_dicts(str(root)))
     torch._dynamo.reset()
@@ -290,10 +318,7 @@ def test_random_option_dicts_compile_or_raise_our_error(data, tmp_path_factory):
     try:
         with torch.no_grad():
             y = compiled(_X)
-    except Exception as exc:
-        error = backend_error(exc)
-        if not isinstance(error, RtxBackendError):
-            raise
+    except RtxBackendError as error:  # ours, as it is: Dynamo does not wrap it
         try:
             opts = Options.from_dict(options)
         except RtxBackendError:
@@ -383,11 +408,9 @@ def test_dynamic_shapes_naming_a_dim_beyond_the_inputs_rank_is_an_options_error(
     torch._dynamo.mark_dynamic(x, 0)
     compiled = torch.compile(model, backend="trtrtx", options={
         "min_block_size": 1, "target_compute_capabilities": [(8, 6)], "dynamic_shapes": {0: {2: (1, 4, 32)}}})
-    with pytest.raises(Exception) as info, torch.no_grad():
+    with pytest.raises(OptionsError) as info, torch.no_grad():  # raised when the graph is seen, still ours
         compiled(x)
-    error = backend_error(info.value)
-    assert isinstance(error, OptionsError)
-    assert "names dim 2, but input 0 has 2 dim(s)" in str(error)
+    assert "names dim 2, but input 0 has 2 dim(s)" in str(info.value)
 
 
 def test_the_same_options_dict_follows_a_changed_cache_environment(monkeypatch, tmp_path):

@@ -163,3 +163,14 @@ def test_gpu_probe_runs_an_engine():
     gpu = _info.gpu_info()
     assert gpu["name"] and len(gpu["compute_capability"]) == 2
     assert gpu["runs_engines"] is True, gpu["why"]
+
+
+def test_help_is_whole_and_names_every_command(capsys):
+    with pytest.raises(SystemExit) as done:
+        _info.main(["--help"])
+    assert done.value.code == 0
+    text = capsys.readouterr().out
+    for command in ("info", "clear-cache", "adopt-cache"):
+        assert f"python -m rtx_backend {command}" in text
+    assert "what is installed,\nwhat this machine can do, and the caches." in text  # not cut short
+    assert "RTX_BACKEND_CACHE_DIR" in text
