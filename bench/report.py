@@ -1,14 +1,15 @@
-"""The benchmark tables of the README and docs/performance.md, made from bench/results/*.json.
+"""The benchmark tables of the README, docs/performance.md and docs/zoo.md, made from bench/results/*.json.
 
-    python bench/report.py            # print the tables
-    python bench/report.py --write    # put them into README.md and docs/performance.md
+    python bench/report.py            # print the tables (or name some: python bench/report.py zoo_gpu)
+    python bench/report.py --write    # put them into README.md, docs/performance.md and docs/zoo.md
     python bench/report.py --check    # exit 1 when those files are not what the results say
 
 Each table sits between `<!-- report:NAME -->` and `<!-- /report -->` in its file, so the
 numbers in the docs are always the ones in the saved results. A result file is named
 <date>-<gpu>-<TensorRT-RTX version>-<kind> (bench.py's --tag is the kind); the README's table
 takes, per model, batch and dtype, the latest result of the TensorRT-RTX version that
-Torch-TensorRT-RTX runs on (the like-for-like peer).
+Torch-TensorRT-RTX runs on (the like-for-like peer). Each other table says above it which GPU,
+versions and result files it was made from.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import statistics
 import sys
 from pathlib import Path
 from typing import Any
@@ -111,139 +113,394 @@ def readme_table(results: list[tuple[str, dict[str, Any]]]) -> str:
     return "\n".join(lines)
 
 
-def models_table(result: dict[str, Any]) -> str:
-    peers = [(p, n) for p, n in PEERS if p in result.get("backends", [])]
-    head = ["model", "batch", "dtype", "trtrtx / trtrtx-cg ms", *(f"vs {n}" for _, n in peers), "cold compile s, trtrtx (or as named)"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for c in result["configs"]:
+# ---- the tables of docs/performance.md and docs/zoo.md -------------------------------------------
+# The zoo's tables and `fastest` read the result kinds they name (the <kind> of
+# <date>-<device>-<version>-<kind>); where two results hold the same configuration, the later date
+# wins, and on the same date the kind named later in the list. `starts` and `overhead` take every
+# saved run, which ran on hosts of different speed, and give medians and ranges.
+
+ZOO_MODELS = {
+    "hf-bert": "BERT-base (seq 128)", "hf-gpt2": "GPT-2 (seq 128)", "hf-t5-encoder": "T5-small encoder (seq 128)",
+    "hf-llama-gqa": "Llama 3.2 1B shape, GQA (seq 128)", "tv-resnet50": "ResNet-50", "tv-mobilenet_v3_large": "MobileNetV3-L",
+    "tv-efficientnet_b0": "EfficientNet-B0", "tv-convnext_tiny": "ConvNeXt-T", "tv-vit_b_16": "ViT-B/16",
+    "tv-swin_t": "Swin-T", "timm-deit_small_patch16_224": "DeiT-S (timm)",
+}
+_STEM = re.compile(r"\d{4}-\d\d-\d\d-(?P<device>.+?)-(?P<version>\d+\.\d+\.\d+)-(?P<kind>[a-z][a-z-]*)")
+
+
+def kind(stem: str) -> str:
+    """The kind of a result file (`zoo`, `zoo-small-batch`, ...); "" for a name without one."""
+    m = _STEM.fullmatch(stem)
+    return m["kind"] if m else ""
+
+
+def _zoo_name(model: str) -> str:
+    return ZOO_MODELS.get(model, model)
+
+
+def _zoo_order(model: str) -> int:
+    return list(ZOO_MODELS).index(model) if model in ZOO_MODELS else len(ZOO_MODELS)
+
+
+def _of_kinds(results: list[tuple[str, dict[str, Any]]], kinds: tuple[str, ...],
+              gpu: bool = True) -> list[tuple[str, dict[str, Any]]]:
+    """The results of these kinds (on a GPU, or on the CPU), oldest first: by date, then by the
+    kind's place in `kinds`."""
+    chosen = [(s, r) for s, r in results if kind(s) in kinds and bool(_env(r).get("gpu")) == gpu]
+    return sorted(chosen, key=lambda sr: (_env(sr[1]).get("date", ""), kinds.index(kind(sr[0]))))
+
+
+def _vkey(v: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in v.split(".") if x.isdigit())
+
+
+def _newest_version(results: list[tuple[str, dict[str, Any]]]) -> str:
+    return max((version(r) for _, r in results), key=_vkey)
+
+
+def _gpu(name: str) -> str:
+    return name if "RTX" in name else f"{name} (not an RTX GPU)"
+
+
+def measured(used: list[tuple[str, dict[str, Any]]], what: str, peer: bool = False) -> str:
+    """The line above a table: the GPU, the versions (Torch-TensorRT-RTX's with `peer`) and the
+    files it was made from."""
+    envs = [_env(r) for _, r in used]
+    gpus = sorted({_gpu(e["gpu"]) if e.get("gpu") else "CPU" for e in envs})
+    versions = sorted({version(r) for _, r in used}, key=_vkey)
+    torches = sorted({str(e.get("torch")) for e in envs if e.get("torch")})
+    peers = sorted({str(e["torch_tensorrt"]) for e in envs if e.get("torch_tensorrt")}) if peer else []
+    files = ", ".join(f"`{s}`" for s, _ in used)
+    return (f"{', '.join(gpus)}, TensorRT-RTX {', '.join(versions)}, torch {', '.join(torches)}"
+            + (f", Torch-TensorRT-RTX {', '.join(peers)}" if peers else "") + f"; {what} (bench/results: {files}):")
+
+
+def _latest_configs(used: list[tuple[str, dict[str, Any]]], wanted: Any = None) -> tuple[list[dict[str, Any]], list[str]]:
+    """Per (model, batch, dtype), the last config of `used` that `wanted` accepts; and the files used."""
+    latest: dict[tuple[str, int, str], tuple[str, dict[str, Any]]] = {}
+    for stem, r in used:
+        for c in r.get("configs", []):
+            if wanted is None or wanted(c):
+                latest[(c["model"], c["shape"][0], c["dtype"])] = (stem, c)
+    stems = {s for s, _ in latest.values()}
+    return [c for _, c in latest.values()], [s for s, _ in used if s in stems]
+
+
+def _ms(row: dict[str, Any]) -> str:
+    return f"{row['median_ms']:.3f}" if "median_ms" in row else ("fails" if "error" in row else "-")
+
+
+def _geomean(values: list[float]) -> str:
+    if not values:
+        return "-"
+    return f"{statistics.geometric_mean(values):.2f} ({len(values)}; {sum(v <= 1.0 for v in values)} at most 1.0)"
+
+
+def _ours(config: dict[str, Any]) -> tuple[float, str] | None:
+    """trtrtx's better strategy where its regions all ran on TensorRT-RTX (else None)."""
+    best = _best(config)
+    if best is None or config["backends"][best[1]].get("regions_in_pytorch"):
+        return None
+    return best
+
+
+def _by_model(items: dict[tuple[str, int], Any]) -> list[tuple[str, Any, Any]]:
+    """(model, its large-batch item or None, its batch-1 item or None), in the zoo's order."""
+    models = sorted({m for m, _ in items}, key=_zoo_order)
+    return [(m, next((v for (n, b), v in items.items() if n == m and b != 1), None), items.get((m, 1)))
+            for m in models]
+
+
+def zoo_gpu_table(results: list[tuple[str, dict[str, Any]]]) -> str:
+    """The zoo at real size against eager and inductor: the newest TensorRT-RTX version measured
+    beside inductor reduce-overhead, large batch and batch 1."""
+    used = _of_kinds(results, ("zoo", "zoo-small-batch"))
+    used = [(s, r) for s, r in used if any("inductor-ro" in c["backends"] for c in r.get("configs", []))]
+    if not used:
+        return "(no saved zoo result beside inductor)"
+    chosen = _newest_version(used)
+    configs, stems = _latest_configs([(s, r) for s, r in used if version(r) == chosen],
+                                     lambda c: "median_ms" in c["backends"].get("inductor-ro", {}))
+    lines = [measured([(s, r) for s, r in used if s in stems], "FP16, median ms; trtrtx: its faster strategy, "
+                      "without or with TensorRT-RTX's CUDA graphs (CG); ratio: best trtrtx / inductor reduce-overhead, "
+                      "below 1.0 trtrtx is faster (`in PyTorch`: a region of trtrtx's ran in PyTorch)"), "",
+             "| model | batch | eager | inductor | inductor reduce-overhead | trtrtx, best | ratio | engine alone "
+             "| batch | inductor reduce-overhead | trtrtx, no CG | trtrtx, CG | ratio |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    ratios: dict[bool, list[float]] = {False: [], True: []}
+
+    def cells(c: dict[str, Any] | None, small: bool) -> list[str]:
+        if c is None:
+            return ["-"] * (5 if small else 7)
         rows = c["backends"]
-        model, batch, dtype = _label(c)
-        ms = " / ".join(f"{rows[k]['median_ms']:.3f}{' WRONG' if wrong(c, k) else ''}" if "median_ms" in rows.get(k, {})
-                        else "-" for k in ("trtrtx", "trtrtx-cg"))
-        best = _best(c)
-        ratios = [_ratio(c, p, best[0]) if best else "-" for p, _ in peers]
-        cold = rows.get("trtrtx", {}).get("cold_compile_s")
-        others = ", ".join(f"{b} {r['cold_compile_s']:.2f}" for b, r in rows.items() if "cold_compile_s" in r)
-        # (a run of other backends alone, such as inductor's cold compiles: theirs, named)
-        cells = [model, batch, dtype, ms, *ratios, f"{cold:.2f}" if cold is not None else others or "-"]
-        lines.append("| " + " | ".join(cells) + " |")
+        best = _ours(c)
+        ratio = "-"
+        if best is not None:
+            ratios[small].append(best[0] / rows["inductor-ro"]["median_ms"])
+            ratio = f"{ratios[small][-1]:.2f}"
+        elif _best(c) is not None:
+            ratio = "in PyTorch"
+        if small:
+            return [str(c["shape"][0]), *(_ms(rows.get(b, {})) for b in ("inductor-ro", "trtrtx", "trtrtx-cg")), ratio]
+        engine = f"{rows[best[1]]['engine_ms']:.3f}" if best and "engine_ms" in rows[best[1]] else "-"
+        return [str(c["shape"][0]), *(_ms(rows.get(b, {})) for b in ("eager", "inductor", "inductor-ro")),
+                f"{best[0]:.3f}" if best else "-", ratio, engine]
+
+    for model, large, small in _by_model({(c["model"], c["shape"][0]): c for c in configs}):
+        lines.append(f"| {_zoo_name(model)} | " + " | ".join(cells(large, False) + cells(small, True)) + " |")
+    lines.append("| geometric mean (models; at most 1.0) | | | | | | "
+                 f"{_geomean(ratios[False])} | | | | | | {_geomean(ratios[True])} |")
     return "\n".join(lines)
 
 
-def starts_table(result: dict[str, Any]) -> str:
-    lines = ["| start | first result s (median) | samples |", "|---|---|---|"]
-    for kind, row in result["fresh_process"].items():
-        samples = row.get("first_result_samples_s", [round(row["first_result_s"], 3)])
-        lines.append(f"| {STARTS.get(kind, kind)} | {row['first_result_s']:.2f} | {', '.join(map(str, samples))} |")
+def zoo_peer_table(results: list[tuple[str, dict[str, Any]]]) -> str:
+    """The zoo beside Torch-TensorRT-RTX, on the TensorRT-RTX version it runs on."""
+    used = [(s, r) for s, r in _of_kinds(results, ("zoo",))
+            if any("torch_tensorrt" in c["backends"] for c in r.get("configs", []))]
+    if not used:
+        return "(no saved zoo result with Torch-TensorRT-RTX)"
+    chosen = _newest_version(used)
+    configs, stems = _latest_configs([(s, r) for s, r in used if version(r) == chosen],
+                                     lambda c: "torch_tensorrt" in c["backends"])
+    lines = [measured([(s, r) for s, r in used if s in stems], "FP16, median ms; trtrtx: its faster strategy; "
+                      "ratio: trtrtx / Torch-TensorRT-RTX", peer=True), "",
+             "| model | batch | Torch-TensorRT-RTX | trtrtx | ratio | batch | Torch-TensorRT-RTX | trtrtx | ratio |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    ratios: dict[bool, list[float]] = {False: [], True: []}
+
+    def cells(c: dict[str, Any] | None, small: bool) -> list[str]:
+        if c is None:
+            return ["-"] * 4
+        peer = c["backends"]["torch_tensorrt"]
+        best = _ours(c)
+        ours = _best(c)
+        mine = f"{best[0]:.3f}" if best else f"{ours[0]:.3f} (in PyTorch)" if ours else "-"
+        ratio = "-"
+        if best is not None and "median_ms" in peer:
+            ratios[small].append(best[0] / peer["median_ms"])
+            ratio = f"{ratios[small][-1]:.2f}"
+        return [str(c["shape"][0]), "fails to compile" if "error" in peer else _ms(peer), mine, ratio]
+
+    for model, large, small in _by_model({(c["model"], c["shape"][0]): c for c in configs}):
+        lines.append(f"| {_zoo_name(model)} | " + " | ".join(cells(large, False) + cells(small, True)) + " |")
+    lines.append(f"| geometric mean (models; at most 1.0) | | | | {_geomean(ratios[False])} | | | | "
+                 f"{_geomean(ratios[True])} |")
     return "\n".join(lines)
 
 
-def overhead_table(result: dict[str, Any]) -> str:
-    lines = ["| cuda_graph_strategy | call us | TensorRT-RTX enqueue us | Dynamo's floor us | trtrtx's own us |",
-             "|---|---|---|---|---|"]
-    def us(row: dict[str, Any], key: str) -> str:
-        return f"{row[key]:.1f}" if key in row else "-"
-
-    for strategy, row in result["overhead"].items():
-        lines.append(f"| {strategy} | {us(row, 'call_us')} | {us(row, 'enqueue_us')} | {us(row, 'dynamo_floor_us')} | "
-                     f"{us(row, 'ours_us')} |")
-    return "\n".join(lines)
+COLD_KINDS = ("zoo-cold-inductor", "zoo-cold-trtrtx", "zoo-cold-trtrtx-threads", "zoo-cold-trtrtx-bg")
 
 
-def _or_dash(value: Any) -> str:
-    return "-" if value is None else str(value)
-
-
-def sweep_table(result: dict[str, Any]) -> str:
-    sweep = result["dynamic_sweep"]
-    lines = ["| backend | compiled graphs | recompiles | graph breaks | engine builds | first call s | later calls s (max) |",
-             "|---|---|---|---|---|---|---|"]
-    for backend, row in sweep.items():
-        if backend == "lengths" or not isinstance(row, dict):
+def zoo_cold_table(results: list[tuple[str, dict[str, Any]]]) -> str:
+    """Cold compiles: each model and backend alone in a fresh process with empty caches."""
+    used = _of_kinds(results, COLD_KINDS)
+    if not used:
+        return "(no saved cold-compile result)"
+    chosen = _newest_version(used)
+    cold: dict[tuple[str, int], dict[str, tuple[str, dict[str, Any]]]] = {}
+    for stem, r in used:
+        if version(r) != chosen:
             continue
-        calls = [p["first_call_s"] for p in row.get("per_length", [])]
-        if not calls:
-            error = (str(row.get("error") or "?").strip().splitlines() or ["?"])[0][:80]
-            lines.append(f"| {backend} | failed: {error} | | | | | |")
-            continue
-        lines.append(f"| {backend} | {row.get('compiled_graphs', '-')} | {row.get('recompiles', '-')} | "
-                     f"{row.get('graph_breaks', '-')} | {_or_dash(row.get('engine_builds'))} | {calls[0]:.2f} | "
-                     f"{max(calls[1:], default=0):.3f} |")
+        for c in r.get("configs", []):
+            ran = {b: row for b, row in c["backends"].items() if "cold_compile_s" in row}
+            if len(ran) == 1:  # one backend in its process: nothing it ran was warmed by another
+                (b, row), = ran.items()
+                cold.setdefault((c["model"], c["shape"][0]), {})[b] = (stem, row)
+    stems = {s for per in cold.values() for s, _ in per.values()}
+    lines = [measured([(s, r) for s, r in used if s in stems], "FP16, large batch, seconds from the first call's "
+                      "start to its result, one cold run each; export and build: trtrtx's stages"), "",
+             "| model | batch | trtrtx | export | build | inductor | trtrtx / inductor "
+             "| `engine_build=\"background\"`: first result | engines in place |",
+             "|---|---|---|---|---|---|---|---|---|"]
+
+    def seconds(row: dict[str, Any] | None, key: str = "cold_compile_s") -> str:
+        return f"{row[key]:.1f}" if row and key in row else "-"
+
+    def order(key: tuple[str, int]) -> float:
+        per = cold[key]
+        if "trtrtx" in per and "inductor" in per:
+            return per["trtrtx"][1]["cold_compile_s"] / per["inductor"][1]["cold_compile_s"]
+        return 99.0
+
+    for key in sorted(cold, key=order):
+        per = {b: row for b, (_, row) in cold[key].items()}
+        ours, theirs, bg = per.get("trtrtx"), per.get("inductor"), per.get("trtrtx-bg")
+        stages = (ours or {}).get("stage_s", {})
+        ratio = f"{ours['cold_compile_s'] / theirs['cold_compile_s']:.2f}" if ours and theirs else "-"
+        lines.append(f"| {_zoo_name(key[0])} | {key[1]} | {seconds(ours)} | "
+                     + " | ".join(f"{stages[s]:.1f}" if s in stages else "-" for s in ("export", "build"))
+                     + f" | {seconds(theirs)} | {ratio} | {seconds(bg)} | {seconds(bg, 'engines_ready_s')} |")
     return "\n".join(lines)
 
 
-def performance_tables(results: list[tuple[str, dict[str, Any]]]) -> str:
-    """One section per saved result, newest first."""
-    out = []
-    for stem, r in reversed(results):
-        env = _env(r)
-        driver = str(env.get("driver") or "-").splitlines()[0]
-        out.append(f"### `{stem}`\n\n{env.get('gpu', 'cpu')}, driver {driver}, TensorRT-RTX "
-                   f"{env.get('tensorrt_rtx')}, torch {env.get('torch')}"
-                   + (f", Torch-TensorRT-RTX {env['torch_tensorrt']}" if env.get("torch_tensorrt") else "") + ".")
-        if r.get("configs"):
-            out.append(models_table(r))
-        if r.get("fresh_process"):
-            out.append("Fresh-process starts (ResNet-18 FP16, to the first result):\n\n" + starts_table(r))
-        if r.get("overhead"):
-            out.append("Host time per call (one-engine FP16 MLP):\n\n" + overhead_table(r))
-        if r.get("dynamic_sweep"):
-            lengths = r["dynamic_sweep"].get("lengths", [])
-            out.append(f"Dynamic sequence lengths {lengths} (encoder):\n\n" + sweep_table(r))
-        if r.get("weight_check"):
-            out.append("The weight check (weights=\"checked\"):\n\n" + weight_check_table(r["weight_check"]))
-        if r.get("parts"):
-            out.append(rest_tables(r["parts"]))
-        if r.get("note") and r.get("rows"):  # a probe's result (bench/probes): what it measured, and its rows
-            out.append(f"{r['note']} Rows: [`{stem}.md`](../bench/results/{stem}.md).")
-    return "\n\n".join(out)
-
-
-def weight_check_table(rows: dict[str, Any]) -> str:
-    lines = ["| model | weights | host time of the check, us | call ms, checked / frozen |", "|---|---|---|---|"]
-    for name, row in rows.items():
-        call = (f"{row['checked_ms']:.3f} / {row['frozen_ms']:.3f}" if "checked_ms" in row else "-")
-        lines.append(f"| {name} | {row.get('weights', '-')} | {row.get('check_us', '-')} | {call} |")
+def zoo_calls_table(results: list[tuple[str, dict[str, Any]]]) -> str:
+    """bench/probes/call_overhead.py: a call split into Dynamo's frame, trtrtx's own code and the
+    engine, beside inductor reduce-overhead's code for the same graph."""
+    used = _of_kinds(results, ("call-overhead", "call-overhead-small-batch"))
+    latest: dict[tuple[str, int], tuple[str, dict[str, Any]]] = {}
+    for stem, r in used:
+        for row in r.get("rows", []):
+            if "engine_ms" in row and "inductor_ro_backend_ms" in row:
+                latest[(row["model"], row["batch"])] = (stem, row)
+    if not latest:
+        return "(no saved call-overhead result)"
+    stems = {s for s, _ in latest.values()}
+    lines = [measured([(s, r) for s, r in used if s in stems], "FP16, TensorRT-RTX's CUDA graphs, each model one "
+                      "region, CUDA-event medians of 100 calls, ms; without Dynamo: the callable the backend "
+                      "returned, called directly"), "",
+             "| model | batch | trtrtx call | without Dynamo | engine alone | inductor reduce-overhead call "
+             "| without Dynamo | engine / inductor's code |", "|---|---|---|---|---|---|---|---|"]
+    for key in sorted(latest, key=lambda k: (k[1] == 1, _zoo_order(k[0]))):
+        row = latest[key][1]
+        cells = [f"{row[k]:.3f}" for k in ("call_ms", "backend_ms", "engine_ms", "inductor_ro_ms", "inductor_ro_backend_ms")]
+        lines.append(f"| {_zoo_name(key[0])} | {key[1]} | " + " | ".join(cells)
+                     + f" | {row['engine_ms'] / row['inductor_ro_backend_ms']:.2f} |")
     return "\n".join(lines)
 
 
-def rest_tables(parts: dict[str, Any]) -> str:
-    """bench/rest.py: median ms (cold compile s) per backend, per part."""
-    out = []
-    for part, configs in parts.items():
-        names = list(dict.fromkeys(b for c in configs for b in c.get("backends", {})))
-        lines = [f"{part} (bench/rest.py; median ms, cold compile s in brackets):", "",
-                 "| model | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
-        for c in configs:
+def fastest_table(results: list[tuple[str, dict[str, Any]]]) -> str:
+    """bench/rest.py: `fastest=True` (with rest="inductor" and CUDA graphs) against inductor reduce-overhead."""
+    used = _of_kinds(results, ("rest-zoo-fastest-all", "rest-zoo-fastest-small"))
+    latest: dict[tuple[str, int], tuple[str, dict[str, Any]]] = {}
+    for stem, r in used:
+        for c in r.get("parts", {}).get("zoo", []):
+            if "median_ms" in c["backends"].get("trtrtx-fastest-cg", {}) and "median_ms" in c["backends"].get("inductor-ro", {}):
+                latest[(c["model"], c["shape"][0][0])] = (stem, c)
+    if not latest:
+        return "(no saved result of fastest)"
+    stems = {s for s, _ in latest.values()}
+    lines = [measured([(s, r) for s, r in used if s in stems], "FP16, median ms; fastest: `options={\"rest\": "
+                      "\"inductor\", \"fastest\": True, \"cuda_graph_strategy\": \"whole_graph_capture\"}`; ratio: "
+                      "fastest / inductor reduce-overhead; cold: cold compile s, inductor reduce-overhead / fastest"), "",
+             "| model | batch | inductor reduce-overhead | fastest | ratio | kept | cold "
+             "| batch | inductor reduce-overhead | fastest | ratio | kept | cold |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    ratios: dict[bool, list[float]] = {False: [], True: []}
+
+    def cells(item: tuple[str, dict[str, Any]] | None, small: bool) -> list[str]:
+        if item is None:
+            return ["-"] * 6
+        c = item[1]
+        ro, ours = c["backends"]["inductor-ro"], c["backends"]["trtrtx-fastest-cg"]
+        ratios[small].append(ours["median_ms"] / ro["median_ms"])
+        kept = ("inductor (whole graph)" if ours.get("rest_inductor_whole_graphs") else
+                "inductor" if ours.get("regions_on_inductor") else "TensorRT-RTX")
+        return [str(c["shape"][0][0]), f"{ro['median_ms']:.3f}", f"{ours['median_ms']:.3f}", f"{ratios[small][-1]:.2f}",
+                kept, f"{ro['cold_compile_s']:.0f} / {ours['cold_compile_s']:.0f}"]
+
+    for model, large, small in _by_model(latest):
+        lines.append(f"| {_zoo_name(model)} | " + " | ".join(cells(large, False) + cells(small, True)) + " |")
+    lines.append(f"| geometric mean (models; at most 1.0) | | | | {_geomean(ratios[False])} | | | | | | "
+                 f"{_geomean(ratios[True])} | | |")
+    return "\n".join(lines)
+
+
+def _spread(values: list[float], digits: int) -> tuple[str, str]:
+    """(median, "min-max") of the values."""
+    return f"{statistics.median(values):.{digits}f}", f"{min(values):.{digits}f}-{max(values):.{digits}f}"
+
+
+def starts_table(results: list[tuple[str, dict[str, Any]]]) -> str:
+    """Fresh-process starts (bench.py --parts starts), every saved round, per TensorRT-RTX version."""
+    used = [(s, r) for s, r in results if r.get("fresh_process") and _env(r).get("gpu")]
+    if not used:
+        return "(no saved start result)"
+    lines = [measured(used, "ResNet-18 FP16 in a fresh process, seconds from the start to the first result; "
+                      "each round in a new cache directory, on hosts of different speed"), "",
+             "| start | TensorRT-RTX | median s | range s | rounds |", "|---|---|---|---|---|"]
+    for start, label in STARTS.items():
+        for v in sorted({version(r) for _, r in used}, key=_vkey):
+            samples = [x for _, r in used if version(r) == v and start in r["fresh_process"]
+                       for x in r["fresh_process"][start].get("first_result_samples_s",
+                                                              [r["fresh_process"][start]["first_result_s"]])]
+            if samples:
+                median, span = _spread(samples, 2)
+                lines.append(f"| {label} | {v} | {median} | {span} | {len(samples)} |")
+    return "\n".join(lines)
+
+
+def overhead_table(results: list[tuple[str, dict[str, Any]]]) -> str:
+    """Host time per call (bench.py --parts overhead), every saved run, per TensorRT-RTX version."""
+    used = [(s, r) for s, r in results if r.get("overhead") and _env(r).get("gpu")]
+    if not used:
+        return "(no saved overhead result)"
+    keys = (("call_us", "call"), ("enqueue_us", "TensorRT-RTX's enqueue"), ("dynamo_floor_us", "Dynamo's floor"),
+            ("ours_us", "trtrtx's own"))
+    lines = [measured(used, "a one-engine FP16 MLP, host microseconds per call, medians of the saved runs "
+                      "(range in brackets), on hosts of different speed"), "",
+             "| TensorRT-RTX | cuda_graph_strategy | runs | " + " | ".join(n for _, n in keys) + " |",
+             "|---|---|---|" + "---|" * len(keys)]
+    for v in sorted({version(r) for _, r in used}, key=_vkey):
+        runs = [r["overhead"] for _, r in used if version(r) == v]
+        for strategy in dict.fromkeys(s for run in runs for s in run):
             cells = []
-            for b in names:
-                row = c["backends"].get(b, {})
-                cells.append("error" if "error" in row else
-                             f"{row['median_ms']:.3f} ({row.get('cold_compile_s', 0):.1f})" if "median_ms" in row else "-")
-            lines.append(f"| {c['model']} | " + " | ".join(cells) + " |")
-        out.append("\n".join(lines))
-    return "\n\n".join(out)
+            for key, _ in keys:
+                values = [run[strategy][key] for run in runs if key in run.get(strategy, {})]
+                cells.append("{} ({})".format(*_spread(values, 1)) if len(values) > 1 else
+                             f"{values[0]:.1f}" if values else "-")
+            lines.append(f"| {v} | {strategy} | {sum(strategy in run for run in runs)} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
-TABLES = {"readme": readme_table, "performance": performance_tables}
-FILES = {ROOT / "README.md": ("readme",), ROOT / "docs" / "performance.md": ("readme", "performance")}
+_TARGET_SETS = {"[[7, 5]]": "Turing", "[[8, 6]]": "Ampere", "[[7, 5], [8, 6], [8, 9], [12, 0]]": "all four"}
+
+
+def zoo_cpu_table(results: list[tuple[str, dict[str, Any]]]) -> str:
+    """bench/zoo.py --cpu: per model, dtype and target set, the compute nodes lowered, and problems."""
+    used = _of_kinds(results, ("zoo",), gpu=False)
+    if not used:
+        return "(no saved CPU zoo result)"
+    stem, r = used[-1]
+    rows = r["rows"]
+    columns = list(dict.fromkeys((row["dtype"], json.dumps(row["targets"])) for row in rows))
+    problems = sum(bool(row.get("problems")) for row in rows)
+    seconds = sum(row.get("seconds", 0) for row in rows)
+    lines = [measured([(stem, r)], f"tiny configurations, no GPU: engines built ahead of time, regions run in "
+                      f"ONNX Runtime; {len(rows)} runs in {seconds:.0f} s, {problems} with a problem; "
+                      "cells: compute nodes lowered / all, and the regions"), "",
+             "| model | " + " | ".join(f"{d.replace('float', 'fp')}, {_TARGET_SETS.get(t, t)}" for d, t in columns) + " |",
+             "|---|" + "---|" * len(columns)]
+    for model in dict.fromkeys(row["model"] for row in rows):
+        cells = []
+        for d, t in columns:
+            row = next((x for x in rows if x["model"] == model and x["dtype"] == d and json.dumps(x["targets"]) == t), None)
+            if row is None:
+                cells.append("-")
+                continue
+            total = row.get("lowered_nodes", 0) + row.get("eager_nodes", 0)
+            cell = f"{row.get('lowered_nodes', '-')}/{total}, {row.get('regions', '-')}"
+            cells.append(cell + (f" ({'; '.join(row['problems'])})" if row.get("problems") else ""))
+        lines.append(f"| {model} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+TABLES = {"readme": readme_table, "zoo_gpu": zoo_gpu_table, "zoo_peer": zoo_peer_table, "zoo_cold": zoo_cold_table,
+          "zoo_calls": zoo_calls_table, "zoo_cpu": zoo_cpu_table, "fastest": fastest_table, "starts": starts_table,
+          "overhead": overhead_table}
+FILES = (ROOT / "README.md", ROOT / "docs" / "performance.md", ROOT / "docs" / "zoo.md")
 _BLOCK = re.compile(r"(<!-- report:(?P<name>\w+) -->\n)(?:.*?\n)??(<!-- /report -->)", re.S)
 
 
 def fill(text: str, results: list[tuple[str, dict[str, Any]]]) -> str:
     """`text` with every report block replaced by the current table."""
-    return _BLOCK.sub(lambda m: m.group(1) + TABLES[m["name"]](results) + "\n" + m.group(3), text)
+    def table(m: re.Match[str]) -> str:
+        if m["name"] not in TABLES:
+            raise SystemExit(f"no table named {m['name']!r} (there are: {', '.join(TABLES)})")
+        return m.group(1) + TABLES[m["name"]](results) + "\n" + m.group(3)
+    return _BLOCK.sub(table, text)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--write", action="store_true", help="update README.md and docs/performance.md")
+    parser.add_argument("tables", nargs="*", choices=[[], *TABLES], metavar="NAME",
+                        help=f"print these tables (default: all): {', '.join(TABLES)}")
+    parser.add_argument("--write", action="store_true", help="update README.md, docs/performance.md and docs/zoo.md")
     parser.add_argument("--check", action="store_true", help="exit 1 when they are out of date")
     parser.add_argument("--results", default=str(RESULTS))
     args = parser.parse_args()
     results = load(Path(args.results))
     if not (args.write or args.check):
-        print(readme_table(results), "\n", performance_tables(results), sep="\n")
+        print("\n\n".join(f"{name}:\n\n{TABLES[name](results)}" for name in args.tables or TABLES))
         return
     stale = []
     for path in FILES:

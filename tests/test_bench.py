@@ -174,3 +174,25 @@ def test_the_weight_check_cost_grows_with_the_weights(bench):
     small = bench.weight_check_us(bench.mlp(16, 2).eval(), torch.zeros(1, 16), rounds=3, n=300)
     large = bench.weight_check_us(bench.resnet50_like().eval(), torch.zeros(1, 3, 8, 8), rounds=3, n=300)
     assert large > small
+
+
+def test_report_tables_take_the_kinds_they_name_latest_date_first_then_the_later_kind():
+    report = _report_module()
+    assert report.kind("2026-12-03-NVIDIA-H200-1.6.1-zoo-cold-trtrtx-threads") == "zoo-cold-trtrtx-threads"
+    assert report.kind("2026-12-03-cpu-1.7.1-zoo") == "zoo"
+
+    def result(date: str, ms: float) -> dict:
+        row = {"median_ms": ms, "cold_compile_s": 1.0, "max_err_vs_fp32": 0.0, "regions": 1, "regions_in_pytorch": 0}
+        return {"env": {"date": date, "gpu": "GPU X", "tensorrt_rtx": "1.6.1.1", "torch": "2.11"},
+                "configs": [{"model": "hf-bert", "shape": [16], "dtype": "float16",
+                             "backends": {"inductor-ro": {**row, "median_ms": 2.0}, "trtrtx-cg": row}}]}
+
+    results = [("2026-12-02-GPU-X-1.6.1-zoo-small-batch", result("2026-12-02", 1.0)),
+               ("2026-12-02-GPU-X-1.6.1-zoo", result("2026-12-02", 3.0)),
+               ("2026-12-01-GPU-X-1.6.1-zoo-small-batch", result("2026-12-01", 5.0)),
+               ("2026-12-02-GPU-X-1.6.1-other", result("2026-12-02", 7.0))]
+    table = report.zoo_gpu_table(results)
+    assert table.startswith("GPU X (not an RTX GPU), TensorRT-RTX 1.6.1, torch 2.11")
+    row = next(x for x in table.splitlines() if x.startswith("| BERT-base"))
+    assert "| 1.000 | 0.50 |" in row  # the same date: zoo-small-batch is named after zoo, so it wins
+    assert "other" not in table

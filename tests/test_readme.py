@@ -91,6 +91,21 @@ def test_benchmark_tables_are_the_saved_results():
     assert re.search(r"<!-- report:readme -->\n.+\n\n\| model \| batch", README)
 
 
+def test_performance_and_zoo_pages_name_the_gpu_of_every_table_and_say_it_is_not_an_rtx_gpu():
+    """Their tables are generated (bench/report.py), each under a line naming the GPU and the
+    TensorRT-RTX version it was measured with; the pages read as a guide, not as a log."""
+    for name in ("performance.md", "zoo.md"):
+        text = DOCS[name]
+        assert "not an RTX GPU" in text and "H200" in text, name
+        blocks = re.findall(r"<!-- report:(\w+) -->\n(.*)\n", text)
+        assert len(blocks) >= 3, name
+        for table, first in blocks:
+            if table != "readme":  # (the README's table has its own header line)
+                assert re.match(r"(.+ \(not an RTX GPU\)|.*RTX.*|CPU), TensorRT-RTX \d+\.\d+\.\d+", first), (name, first)
+        assert not re.search(r"^#+ .*\d{4}-\d\d-\d\d", text, re.M), name  # no dated sections
+        assert not re.search(r"\bused to\b", text), name
+
+
 def test_docs_exist_and_are_linked():
     for name in ("design.md", "caches.md", "performance.md"):
         assert name in DOCS and f"(docs/{name})" in README
