@@ -83,8 +83,12 @@ def _is_zoo(stem: str) -> bool:
     return stem.endswith("-zoo") or "-zoo-" in stem
 
 
-def readme_table(results: list[tuple[str, dict[str, Any]]]) -> str:
-    """Per model, batch and dtype: the latest result of the version with the most peers."""
+README_DTYPES = ("fp16", "float16", "torch.float16")
+
+
+def readme_table(results: list[tuple[str, dict[str, Any]]], dtypes: tuple[str, ...] = README_DTYPES) -> str:
+    """Per model, batch and dtype (FP16 in the README, every dtype in `bench_table`): the latest
+    result of the version with the most peers."""
     # the bench models with the peer measured beside them (the zoo has its own page, docs/zoo.md)
     with_peer = [(stem, r) for stem, r in results
                  if "torch_tensorrt" in r.get("backends", []) and not _is_zoo(stem)]
@@ -95,10 +99,13 @@ def readme_table(results: list[tuple[str, dict[str, Any]]]) -> str:
     for stem, r in with_peer:
         if version(r) == chosen:
             for c in r["configs"]:
-                latest[(c["model"], c["shape"][0], c["dtype"])] = (stem, r, c)
+                if c["dtype"] in dtypes:
+                    latest[(c["model"], c["shape"][0], c["dtype"])] = (stem, r, c)
     order = list(MODELS)
-    lines = [f"Median latency, best trtrtx strategy over each peer (below 1: trtrtx is faster); "
-             f"{with_peer[-1][1]['env'].get('gpu', '?')}, TensorRT-RTX {chosen}:", "",
+    which = "in FP16 (what RTX GPUs run best; FP32 in docs/performance.md)" if dtypes == README_DTYPES else ""
+    lines = [f"Median latency {which}, best trtrtx strategy "
+             f"over each peer (below 1: trtrtx is faster); {with_peer[-1][1]['env'].get('gpu', '?')}, "
+             f"TensorRT-RTX {chosen}:".replace("latency , ", "latency, "), "",
              "| model | batch | dtype | trtrtx ms | vs " + " | vs ".join(name for _, name in PEERS) + " | result |",
              "|---|---|---|---|" + "---|" * len(PEERS) + "---|"]
     for key in sorted(latest, key=lambda k: (order.index(k[0]) if k[0] in order else 99, k[2], k[1])):
@@ -474,7 +481,12 @@ def zoo_cpu_table(results: list[tuple[str, dict[str, Any]]]) -> str:
     return "\n".join(lines)
 
 
-TABLES = {"readme": readme_table, "zoo_gpu": zoo_gpu_table, "zoo_peer": zoo_peer_table, "zoo_cold": zoo_cold_table,
+def bench_table(results: list[tuple[str, dict[str, Any]]]) -> str:
+    """The README's table with FP32 too (docs/performance.md)."""
+    return readme_table(results, ("fp16", "float16", "torch.float16", "fp32", "float32", "torch.float32"))
+
+
+TABLES = {"readme": readme_table, "bench": bench_table, "zoo_gpu": zoo_gpu_table, "zoo_peer": zoo_peer_table, "zoo_cold": zoo_cold_table,
           "zoo_calls": zoo_calls_table, "zoo_cpu": zoo_cpu_table, "fastest": fastest_table, "starts": starts_table,
           "overhead": overhead_table}
 FILES = (ROOT / "README.md", ROOT / "docs" / "performance.md", ROOT / "docs" / "zoo.md")
