@@ -15,7 +15,7 @@ import torch
 
 from . import _host, _stats, _torch_compat
 from ._errors import OptionsError, RtxBackendError, RuntimeUnavailableError
-from ._log import one_line
+from ._log import one_line, say_once
 from ._options import options_for_mode
 from ._recompiles import warn_if_dtype_recompile
 from ._record import record_not_lowered
@@ -48,8 +48,10 @@ def trtrtx(
         why = ("this graph records autograd history (grad mode is on and an input or parameter requires grad), "
                "and trtrtx compiles inference graphs only")
         by_inductor = _rest.rest_choice(opts).inductor
-        log.warning("trtrtx: %s, so it runs in %s. Call the model under torch.no_grad() or "
-                    "torch.inference_mode() to run it on TensorRT-RTX.", why, "inductor" if by_inductor else "PyTorch")
+        # once a process: each graph of a model (graph breaks, recompiles) would say it again;
+        # recording() lists every such graph
+        say_once(f"trtrtx: {why}, so it runs in {'inductor' if by_inductor else 'PyTorch'}. Call the model under "
+                 "torch.no_grad() or torch.inference_mode() to run it on TensorRT-RTX.", key="grad-mode")
         record_not_lowered(why)
         return _rest.whole_graph(gm, example_inputs, opts, gm.forward) if by_inductor else gm.forward
     if any(isinstance(t, torch.Tensor) and t.is_meta for t in example_inputs):

@@ -106,7 +106,8 @@ def test_runtime_tensorrt_rtx_raises_without_gpu():
                         target_compute_capabilities=SM86)
 
 
-def test_graph_needing_autograd_runs_in_pytorch(caplog):
+def test_graph_needing_autograd_runs_in_pytorch(monkeypatch, caplog):
+    monkeypatch.setattr(_log, "SAID", _log.Once())
     model = MLP()  # parameters require grad, grad mode on
     x = torch.randn(2, 16)
     compiled = torch.compile(model, backend="trtrtx", options={"min_block_size": 1})
@@ -438,16 +439,18 @@ def test_a_graph_that_gives_no_region_warns_with_the_rule_and_the_fix(monkeypatc
     assert f"{rule} kept" in said[0] and fix in said[0] and "\n" not in said[0]
 
 
-def test_a_graph_not_lowered_under_grad_is_in_the_recording(caplog):
+def test_graphs_not_lowered_under_grad_are_in_the_recording_and_said_once(monkeypatch, caplog):
+    monkeypatch.setattr(_log, "SAID", _log.Once())
     model = MLP()  # parameters require grad, grad mode on
     compiled = torch.compile(model, backend="trtrtx", options={"min_block_size": 1, "engine_cache_dir": ""})
     with rtx_backend.recording() as rec:
         compiled(torch.randn(2, 16))
-    (graph,) = rec.graphs
-    assert "autograd" in graph.not_lowered and graph.regions == ()
-    assert "not lowered" in str(rec) and "autograd" in str(rec)
-    assert rec.to_dict()["graphs"][0]["not_lowered"] == graph.not_lowered
-    assert sum("inference graphs only" in r.getMessage() for r in caplog.records) == 1
+        compiled(torch.randn(3, 16))  # a second graph (a recompile for the new batch size)
+    first, second = rec.graphs
+    assert "autograd" in first.not_lowered and first.regions == () and second.not_lowered == first.not_lowered
+    assert str(rec).count("not lowered") == 2 and "autograd" in str(rec)
+    assert rec.to_dict()["graphs"][0]["not_lowered"] == first.not_lowered
+    assert sum("inference graphs only" in r.getMessage() for r in caplog.records) == 1  # one line, not one a graph
 
 
 def test_a_dtype_change_that_recompiles_says_so_once_per_change(caplog):

@@ -30,6 +30,7 @@ def _load():
 
 
 zoo = _load()
+pytestmark = pytest.mark.zoo  # minutes on a CPU: `nox -s zoo` (CI runs it), left out of the default run
 HAS_TRANSFORMERS = importlib.util.find_spec("transformers") is not None
 needs_transformers = pytest.mark.skipif(
     not HAS_TRANSFORMERS, reason="Hugging Face transformers is not installed (pip install '.[zoo]')")
