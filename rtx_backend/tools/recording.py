@@ -124,10 +124,15 @@ class Recording:
             source = "reused from the graph cache" if g.from_graph_cache else "compiled"
             lines.append(f"graph {g.index}: {source} in {g.seconds:.2f}s, {len(g.regions)} region(s), "
                          f"{len(g.kept_in_pytorch)} node(s) kept in PyTorch")
+            said = ""
             for r in g.regions:
                 size = f" ({r.engine_bytes} bytes)" if r.engine_bytes else ""
                 # (a region that inductor runs because it is the faster: its times are the reason)
                 why = f"; {r.why}" if r.why and not (r.fastest and r.fastest.kept == r.runtime) else ""
+                if why and why == said:
+                    why = "; the same reason"  # (one reason for every region, e.g. no GPU: said once)
+                else:
+                    said = why or said
                 fastest = f"; {r.fastest}" if r.fastest else ""
                 lines.append(f"  {r.name}: runs on {r.runtime}; engine {r.engine}{size}{why}{fastest}")
             rules: dict[str, int] = {}
