@@ -10,14 +10,20 @@ user's HMAC is a miss with a warning, never executed, never unpickled.
 
 A cache directory owned by another user, or writable by group or others, is refused the way ssh
 refuses such a key directory: with a warning that names the fix; caching is then off for that
-directory and compiles go on without it. Directories that the package creates are made 0755.
-Files copied from another machine (engines built on a laptop for a declared target) are taken in
-by an explicit step, `python -m rtx_backend adopt-cache DIR`, which checks and re-signs them.
+directory and compiles go on without it. Above it, up to the first private directory of this
+user's (mode 0700: no one else can look inside), each directory must be owned by this user or
+root, and one that others can write to must have the sticky bit (as /tmp has: then only the owner
+of a directory in it can rename or remove that directory). So a private directory under /tmp or
+on a tmpfs, sticky or not, is accepted. Directories and files that the package creates are made 0700 and 0600
+(_files): private to their owner. Files copied from another machine (engines built on a laptop
+for a declared target) are taken in by an explicit step, `python -m rtx_backend adopt-cache DIR`,
+which checks and re-signs them.
 """
 
 from __future__ import annotations
 
 import contextlib
+import getpass
 import hashlib
 import hmac
 import os
@@ -27,6 +33,7 @@ import tempfile
 import threading
 from pathlib import Path
 
+from ._files import Refused, make_directories, read_bytes
 from ._log import say_once
 
 KEY_BYTES = 32
@@ -83,10 +90,11 @@ def secret() -> bytes | None:
 def _load_or_create(path: Path) -> bytes:
     with contextlib.suppress(FileNotFoundError):
         return _read_key(path)
-    make_directories(path.parent, mode=0o700)
-    fd, temp = tempfile.mkstemp(dir=path.parent, prefix=".cache.key.", suffix=".tmp")  # 0600
+    make_directories(path.parent)
+    fd, temp = tempfile.mkstemp(dir=path.parent, prefix=".cache.key.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
+            os.fchmod(f.fileno(), 0o600)  # mkstemp asks for 0600, which the umask may narrow
             f.write(secrets.token_bytes(KEY_BYTES))
             f.flush()
             os.fsync(f.fileno())
@@ -111,8 +119,10 @@ def _read_key(path: Path) -> bytes:
     known = KEYS.get(ident)
     if known is not None:
         return known
-    with open(path, "rb") as f:
-        key = f.read(KEY_BYTES + 1)
+    try:
+        key = read_bytes(path, limit=KEY_BYTES, what="a cache key") or b""
+    except Refused as exc:
+        raise Untrusted(str(exc)) from exc
     if len(key) != KEY_BYTES:
         raise Untrusted(f"it holds {len(key)} bytes, not {KEY_BYTES}")
     KEYS.put(ident, key)
@@ -132,8 +142,9 @@ def verify(digest: str, mac: object, key: bytes) -> bool:
 
 
 def directory_problem(directory: Path) -> str | None:
-    """Why `directory` (or a directory above it) could let another user plant cache files; None
-    when it is safe or does not exist yet (it is then made by this user, 0755)."""
+    """Why `directory` (or a directory above it) could let another user plant cache files or
+    read them, in words that say what to do; None when it is safe or does not exist yet (it is
+    then made by this user, 0700)."""
     if os.name != "posix":
         return None
     me = os.geteuid()
@@ -144,25 +155,60 @@ def directory_problem(directory: Path) -> str | None:
     if st is not None:
         if not stat.S_ISDIR(st.st_mode):
             return "it is not a directory"
+        mode = stat.S_IMODE(st.st_mode)
+        if mode & 0o022 and mode & stat.S_ISVTX:  # /tmp itself, /dev/shm: everyone's
+            return (f"other users can create files in it (mode {mode:04o}, as in /tmp); a cache needs a directory "
+                    f"that only you can write to. Fix: use one of your own inside it, such as "
+                    f"{Path(directory) / own_name()} (trtrtx makes it, private to you)")
         if st.st_uid != me:
             return (f"it is owned by uid {st.st_uid}, not by you (uid {me}). Fix: use a directory of your own, "
                     f"or copy this one (cp -r) and run `{ADOPT_HINT} <copy>`")
-        if st.st_mode & 0o022:
-            return (f"it is writable by group or others (mode {stat.S_IMODE(st.st_mode):04o}). "
+        if mode & 0o022:
+            return (f"it is writable by group or others (mode {mode:04o}). "
                     f"Fix: `chmod go-w {directory}`, or `{ADOPT_HINT} {directory}` if its files came from elsewhere")
-    for parent in Path(os.path.abspath(directory)).parents:
+    # Up from the directory to the first private one (yours, no group or other bits: no one else can even look
+    # inside, and the cache makes its missing directories so) or to the root: each directory on the way must be
+    # one that no other user can replace. One whose parent others can write to is safe only if that parent has
+    # the sticky bit (/tmp, /dev/shm: then only the owner of a directory in it can rename or remove it).
+    child = Path(os.path.realpath(directory))
+    for parent in child.parents:
+        try:
+            cst = os.stat(child)
+        except OSError:
+            return None  # made by this user, 0700: private
+        if cst.st_uid == me and not cst.st_mode & 0o077:
+            return None
         try:
             pst = os.stat(parent)
         except OSError:
-            continue  # not there yet: made by this user
-        sticky = pst.st_mode & stat.S_ISVTX
+            return None  # not reachable: writes fail and say so
+        mode = stat.S_IMODE(pst.st_mode)
         if pst.st_uid not in (0, me):
-            return f"{parent}, above it, is owned by uid {pst.st_uid}, who could replace it. Fix: use a directory of your own"
-        if pst.st_mode & 0o022 and not sticky:
-            return (f"{parent}, above it, is writable by group or others (mode {stat.S_IMODE(pst.st_mode):04o}) "
-                    f"without the sticky bit, so another user could replace it. Fix: `chmod go-w {parent}`, "
-                    "or use a directory of your own")
+            return (f"{parent}, above it, is owned by uid {pst.st_uid}, who could replace {child}. "
+                    f"Fix: {_private_fix(child, cst, me)}")
+        if mode & 0o022 and not mode & stat.S_ISVTX:
+            return (f"{parent}, above it, is writable by group or others (mode {mode:04o}) without the sticky bit "
+                    f"that /tmp has, so another user could rename {child} and put their own in its place. "
+                    f"Fix: {_private_fix(child, cst, me)}")
+        child = parent
     return None
+
+
+def _private_fix(child: Path, st: os.stat_result, me: int) -> str:
+    """What to do about a directory that another user could replace: a private directory is safe
+    anywhere (never `chmod` a directory above it, such as /tmp)."""
+    if st.st_uid == me:
+        return f"make {child} private to you (`chmod 700 {child}`), or use a directory under your home directory"
+    return "use a directory of your own (under your home directory, say)"
+
+
+def own_name() -> str:
+    """A directory name for this user's cache inside a shared directory such as /tmp."""
+    try:
+        user = getpass.getuser()
+    except Exception:  # no name for this uid (a container's): its number
+        user = str(os.geteuid()) if os.name == "posix" else "user"
+    return f"trtrtx-{user}"
 
 
 def trusted_directory(directory: Path, what: str) -> bool:
@@ -172,17 +218,3 @@ def trusted_directory(directory: Path, what: str) -> bool:
         return secret() is not None
     say_once(f"trtrtx: not using {directory} as the {what}: {problem}. Without it, compiles go on uncached.")
     return False
-
-
-def make_directories(directory: Path, mode: int = 0o755) -> None:
-    """`mkdir -p` whose new directories get `mode` whatever the umask, so that a directory this
-    package made is never refused for being group-writable."""
-    missing = []
-    for path in (directory, *directory.parents):
-        if path.exists():
-            break
-        missing.append(path)
-    directory.mkdir(parents=True, exist_ok=True)
-    for path in reversed(missing):
-        with contextlib.suppress(OSError):
-            os.chmod(path, mode)

@@ -65,6 +65,7 @@ from .store import (
     is_ours,
     our_files,
     read_header,
+    read_limit,
     write_behind,
 )
 
@@ -275,7 +276,8 @@ class EngineCache:
         caller may fetch ahead (on another thread) and pass the result to `load` when it knows
         that it needs the entry."""
         flush(key)  # an entry this process is still writing is a hit, not a second build
-        data = _files.read_buffer(self.path(key))
+        limit, what = read_limit(SUFFIX, self.size_limit)
+        data = _files.read_buffer(self.path(key), limit=limit, what=what)
         return decode(data, key) if data is not None else None
 
     def load(
@@ -345,7 +347,8 @@ class EngineCache:
         """The entry's record beside its engine (validations, choices); empty when missing or
         unreadable (then what it held is found again)."""
         try:
-            data = _files.read_bytes(self.validation_path(key))
+            limit, what = read_limit(VALIDATED_SUFFIX, self.size_limit)
+            data = _files.read_bytes(self.validation_path(key), limit=limit, what=what)
             if data is None:
                 return {}
             record = read_header(data, VALIDATED_MAGIC, key, FORMAT)[0]
@@ -407,7 +410,7 @@ class EngineCache:
     def evict(self, keep: Path, lock: Path) -> None:
         """Remove the least recently used entries until the directory fits the size limit. Only
         entries of ours (names and magic); the temps of writers still at work count too."""
-        with filelock.FileLock(str(lock), timeout=_files.LOCK_TIMEOUT_S):
+        with _files.file_lock(lock):
             in_temps = _files.remove_stale_temps(self.directory, ours=is_our_name)
             entries = []
             for path in our_files(self.directory, (SUFFIX, GRAPH_SUFFIX)):

@@ -375,7 +375,7 @@ class GraphCache:
         path = path_of(self.directory, key)
         store.flush()  # this process may still be writing it
         try:
-            data = _files.read_buffer(path)
+            data = _files.read_buffer(path, limit=store.GRAPH_MAX_BYTES, what="a graph cache entry")
             entry = decode(data, key, example_inputs, on_header) if data is not None else None
         except (OSError, CorruptEntry) as exc:
             log.warning("trtrtx: graph cache entry %s is unusable (%s); compiling the graph again", path, exc)

@@ -37,6 +37,8 @@ VALIDATED_SUFFIX = ".validated"  # beside an entry: the GPUs and drivers its eng
 GRAPH_MAGIC = b"TRTRTX-GRAPH-CACHE\n"
 VALIDATED_MAGIC = b"TRTRTX-VALIDATED\n"
 MAGICS = {SUFFIX: MAGIC, GRAPH_SUFFIX: GRAPH_MAGIC, VALIDATED_SUFFIX: VALIDATED_MAGIC}
+GRAPH_MAX_BYTES = 256 << 20  # a graph entry holds code and no weights: kilobytes; a larger file is not read
+RECORD_MAX_BYTES = 16 << 20  # a validation record: a few lines of JSON
 _OUR_NAME = re.compile(r"[0-9a-f]{64}(?P<suffix>\.engine|\.graph|\.validated)")
 PACKAGE = Path(__file__).resolve().parent.parent  # rtx_backend/
 
@@ -104,6 +106,16 @@ def write_behind(key: Key, fn: Callable[..., Any], *args: Any) -> concurrent.fut
 def flush(key: Key | None = None, timeout: float | None = None) -> None:
     """Wait until the cache files submitted so far (of `key`, or all) are written."""
     THREADS.flush(key, timeout)
+
+
+def read_limit(suffix: str, engine_limit: int) -> tuple[int, str]:
+    """The most bytes a file of this kind is read with (`engine_limit`: the cache's size limit,
+    above which no entry is written) and what it is, for the checked reader's message."""
+    if suffix == GRAPH_SUFFIX:
+        return GRAPH_MAX_BYTES, "a graph cache entry"
+    if suffix == VALIDATED_SUFFIX:
+        return RECORD_MAX_BYTES, "a validation record"
+    return engine_limit, f"an engine cache entry with engine_cache_size_mb={engine_limit >> 20}"
 
 
 # ---- which files are ours ----------------------------------------------------------------------

@@ -14,7 +14,9 @@ empty or stays in memory, and inference never fails because of it.
 The file is TensorRT-RTX's bytes behind a header of ours (magic, size, SHA-256 and this user's
 HMAC, as engine-cache files have: see _trust), so kernels that this user did not save are never
 loaded, and a file that is not a runtime cache of ours (a user's file named by mistake, a FIFO)
-is never overwritten: the cache then stays in memory, with a warning.
+is never overwritten: the cache then stays in memory, with a warning. The file is read by the
+checked reader (_files): a file larger than MAX_BYTES (a 4 TB sparse file) is a warning that
+names its size and the limit, and it is not read.
 """
 
 from __future__ import annotations
@@ -30,8 +32,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import filelock
-
 from .. import _files, _stats, _targets, _trt, _trust
 from .._log import say_once
 from .._options import Options
@@ -42,6 +42,8 @@ log = logging.getLogger("rtx_backend")
 MAGIC = b"TRTRTX-RUNTIME-CACHE\n"
 FORMAT = 1
 SUFFIX = ".cache"
+MAX_BYTES = 1 << 30  # a runtime cache holds kernels: megabytes; a larger file is not read into memory
+WHAT = "a runtime cache"
 
 
 class Foreign(Exception):
@@ -83,12 +85,13 @@ class RuntimeCache:
         if self.path is None:
             return
         try:
-            data = _files.read_bytes(self.path)
-        except OSError as exc:
+            data = _files.read_bytes(self.path, limit=MAX_BYTES, what=WHAT)
+        except (OSError, MemoryError) as exc:
             # Unreadable is not corrupt: the file may be good (another user's, a transient error),
             # so this process keeps its cache in memory rather than replace what it cannot judge.
-            self.unread = str(exc)
-            say_once(f"trtrtx: cannot read the runtime cache {self.path} ({exc}); starting with an empty cache")
+            self.unread = str(exc) or type(exc).__name__
+            say_once(f"trtrtx: cannot read the runtime cache {self.path} ({self.unread}); starting with an empty "
+                     "cache, kept in memory")
             return
         if data is None:
             log.debug("trtrtx: no runtime cache at %s yet", self.path)
@@ -131,9 +134,9 @@ class RuntimeCache:
                   "so it is not overwritten; the cache stays in memory")
             return False
         try:
-            _trust.make_directories(self.path.parent)
+            _files.make_directories(self.path.parent)
             # the file's lock, held from reading it to replacing it: no other save falls in between
-            with self.lock, filelock.FileLock(str(_files.lock_path(self.path)), timeout=_files.LOCK_TIMEOUT_S):
+            with self.lock, _files.file_lock(_files.lock_path(self.path)):
                 data, on_disk = self._merged()
                 if not data:
                     return False
@@ -141,7 +144,8 @@ class RuntimeCache:
                 if digest != on_disk:
                     _files.replace(self.path, wrap(data))
         except Exception as exc:  # OSError, filelock.Timeout, a TensorRT-RTX error: never fatal
-            say_once(f"trtrtx: could not save the runtime cache to {self.path} ({exc}); it stays in memory")
+            say_once(f"trtrtx: could not save the runtime cache to {self.path} ({str(exc) or type(exc).__name__}); "
+                     "it stays in memory")
             return False
         if digest != on_disk:
             _stats.count("runtime_cache_saves")
@@ -154,7 +158,7 @@ class RuntimeCache:
         since this one last read or wrote it (TensorRT-RTX's deserialize adds to a cache:
         a probe since removed); and the SHA-256 of the file as it is."""
         assert self.path is not None
-        data = _files.read_bytes(self.path)
+        data = _files.read_bytes(self.path, limit=MAX_BYTES, what=WHAT)
         current = None
         if data is not None:
             try:
@@ -196,7 +200,8 @@ def attach(config: Any, options: Options) -> RuntimeCache | None:
         if config.set_runtime_cache(entry.cache) is False:
             raise RuntimeError("set_runtime_cache returned False")
     except Exception as exc:
-        say_once(f"trtrtx: TensorRT-RTX's runtime cache is not used ({exc}); kernels are compiled on each start")
+        say_once(f"trtrtx: TensorRT-RTX's runtime cache is not used ({str(exc) or type(exc).__name__}); kernels are "
+                 "compiled on each start")
         return None
     return entry
 

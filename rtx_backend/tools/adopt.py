@@ -3,7 +3,7 @@
 Cache files are signed with the key of the user who wrote them (_trust), so a directory copied
 from another machine (engines built on a laptop for `[(8, 6)]`, shipped to an RTX 3090) or from
 another user is all misses. Adopting it is the explicit step that says "I trust these files":
-the directory is made this user's (no group or other write), and each file of ours in it is
+the directory is made private to this user (0700), and each file of ours in it is made 0600,
 checked (its name is its key, its header and payloads match their SHA-256; a graph entry's pickle
 names nothing but what compiled graphs hold, read from its opcodes without running it) and
 signed again with this user's key. Files that fail are left as they are (misses) and listed.
@@ -18,9 +18,8 @@ import stat
 from pathlib import Path
 from typing import Any
 
-import filelock
-
 from .. import _files, _trust
+from .._options import Options
 from ..cache import engines as _engine_cache
 from ..cache import store
 from ..cache.store import CorruptEntry
@@ -57,8 +56,8 @@ def adopt_cache(directory: Path) -> Adopted:
         report.problem = (f"{directory} is owned by uid {st.st_uid}, not by you; copy it to a directory of your own "
                           f"(cp -r {directory} <copy>) and adopt the copy")
         return report
-    if os.name == "posix" and st.st_mode & 0o022:
-        mode = stat.S_IMODE(st.st_mode) & ~0o022
+    if os.name == "posix" and st.st_mode & 0o077:
+        mode = stat.S_IMODE(st.st_mode) & ~0o077
         os.chmod(directory, mode)
         report.changed_mode = f"{mode:04o}"
     report.problem = _trust.directory_problem(directory)
@@ -67,7 +66,7 @@ def adopt_cache(directory: Path) -> Adopted:
         report.problem = f"there is no usable cache key at {_trust.key_path()}"
     if report.problem is not None or secret is None:
         return report
-    with filelock.FileLock(str(directory / ".lock"), timeout=_files.LOCK_TIMEOUT_S):
+    with _files.file_lock(directory / ".lock"):
         for path in sorted(directory.iterdir()):
             if not store.is_our_name(path.name):
                 continue
@@ -83,8 +82,11 @@ def _adopt_file(path: Path, secret: bytes) -> None:
     st = os.lstat(path)
     if not stat.S_ISREG(st.st_mode):
         raise CorruptEntry("not a regular file")
+    if os.name == "posix" and st.st_uid == os.geteuid() and st.st_mode & 0o077:
+        os.chmod(path, stat.S_IMODE(st.st_mode) & ~0o077)  # a copy keeps the modes it had: made private
     magic = store.MAGICS[path.suffix]
-    data = _files.read_buffer(path)
+    limit, what = store.read_limit(path.suffix, Options().engine_cache_size_mb * 2**20)
+    data = _files.read_buffer(path, limit=limit, what=what)
     if data is None:
         raise CorruptEntry("it is gone")
     header, at, signed = store.parse_header(data, magic, secret)
@@ -126,7 +128,7 @@ def _check_payload(suffix: str, header: dict[str, Any], payload: memoryview) -> 
 def render_adopted(report: Adopted) -> str:
     lines = []
     if report.changed_mode is not None:
-        lines.append(f"{report.directory}: made not writable by group or others (mode {report.changed_mode})")
+        lines.append(f"{report.directory}: made private to you (mode {report.changed_mode})")
     if report.problem is not None:
         lines.append(f"not adopted: {report.problem}")
         return "\n".join(lines)

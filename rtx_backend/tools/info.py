@@ -114,16 +114,14 @@ def clear_caches(engine_dir: Path | None = None, runtime_dir: Path | None = None
 
     The engine cache's own lock is held, as its eviction does, so no writer is mid-way.
     """
-    import filelock
-
-    from .._files import LOCK_TIMEOUT_S
+    from .._files import file_lock
 
     dirs = {**cache_dirs(engine_dir, runtime_dir), "exporter": default_cache_root() / "exporter"}
     out: dict[str, dict[str, Any]] = {}
     for kind in ("engines", "runtime", "exporter"):
         directory = dirs[kind]
         removed = freed = 0
-        lock = (filelock.FileLock(str(directory / ".lock"), timeout=LOCK_TIMEOUT_S)
+        lock = (file_lock(directory / ".lock")
                 if kind == "engines" and directory.is_dir() else contextlib.nullcontext())
         with lock:
             for path, size in _files(kind, directory) + _stale_temps(kind, directory):

@@ -6,6 +6,7 @@ import hashlib
 import json
 import logging
 import os
+import stat
 import subprocess
 import sys
 import textwrap
@@ -767,6 +768,29 @@ def test_temps_of_a_killed_writer_are_removed_at_the_next_write_and_count_meanwh
     assert not cache.path(_key("a")).exists() and cache.path(_key("b")).exists()
 
 
+def test_an_entry_others_could_have_written_or_too_large_is_a_miss_naming_why(tmp_path, caplog):
+    cache = EngineCache(tmp_path, 1 << 20)
+    key = _key("w")
+    assert cache.store(key, _entry(b"x" * 1000))
+    path = cache.path(key)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    path.chmod(0o666)
+    assert cache.load(key) is None
+    assert f"{path} is writable by group or others (mode 0666)" in caplog.text and f"chmod 600 {path}" in caplog.text
+    path.chmod(0o600)
+    assert cache.load(key) is not None
+    with open(path, "r+b") as f:
+        f.truncate(3 << 20)  # larger than the cache's size limit: never written by it
+    assert cache.load(key) is None
+    assert f"{path} is 3.0 MiB ({3 << 20} bytes), more than the 1.0 MiB" in caplog.text
+    assert "engine_cache_size_mb=1" in caplog.text and f"rm {path}" in caplog.text
+    if os.geteuid() == 0:
+        assert cache.store(key, _entry(b"x" * 1000))
+        os.chown(path, 65534, 65534)
+        assert cache.load(key) is None
+        assert f"{path} is owned by uid 65534" in caplog.text
+
+
 def test_an_engine_entry_that_is_a_fifo_or_a_device_is_a_miss_not_a_hang(tmp_path, caplog):
     cache = EngineCache(tmp_path, 1 << 30)
     key = _key("f")
@@ -780,7 +804,12 @@ def test_an_engine_entry_that_is_a_fifo_or_a_device_is_a_miss_not_a_hang(tmp_pat
     cache.path(key).unlink()
     os.symlink("/dev/zero", cache.path(key))  # endless: reading it would never finish
     assert cache.load(key) is None
-    assert "a device" in caplog.text
+    assert "a symbolic link" in caplog.text  # never followed: the device is not even opened
+    if os.geteuid() == 0:  # only root makes device nodes
+        cache.path(key).unlink()
+        os.mknod(cache.path(key), 0o600 | stat.S_IFCHR, os.makedev(1, 5))  # /dev/zero's
+        assert cache.load(key) is None
+        assert "a device" in caplog.text
     cache.path(key).unlink()
     cache.path(key).mkdir()
     assert cache.load(key) is None

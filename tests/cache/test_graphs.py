@@ -509,4 +509,4 @@ def test_a_graph_entry_that_is_a_fifo_is_a_miss_not_a_hang(tmp_path, caplog):
     thread.start()
     thread.join(120)
     assert done, "the compile blocked on a FIFO in the graph cache"
-    assert "is not a regular file (a FIFO)" in caplog.text
+    assert "is a FIFO, not a regular file" in caplog.text

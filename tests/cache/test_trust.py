@@ -88,25 +88,92 @@ def test_a_directory_below_a_group_writable_one_is_refused(tmp_path, caplog):
     parent = tmp_path / "team"
     (parent / "engines").mkdir(parents=True)
     parent.chmod(0o775)
-    assert "above it, is writable by group or others" in (_trust.directory_problem(parent / "engines") or "")
+    problem = _trust.directory_problem(parent / "engines") or ""
+    assert "above it, is writable by group or others" in problem and f"chmod 700 {parent / 'engines'}" in problem
+    assert f"chmod go-w {parent}" not in problem  # (never advice to change a directory such as /tmp)
     parent.chmod(0o1777)  # sticky, as /tmp is: others cannot replace what is ours in it
     assert _trust.directory_problem(parent / "engines") is None
 
 
-def test_directories_the_cache_makes_are_not_group_writable_whatever_the_umask(tmp_path):
-    old = os.umask(0o002)
-    try:
-        _compile_into(tmp_path / "new" / "engines")
-    finally:
-        os.umask(old)
-    for directory in (tmp_path / "new", tmp_path / "new" / "engines"):
-        assert stat.S_IMODE(directory.stat().st_mode) & 0o022 == 0, directory
+@pytest.fixture(params=[0o022, 0o077], ids=["umask022", "umask077"])
+def umask(request):
+    old = os.umask(request.param)
+    yield request.param
+    os.umask(old)
+
+
+def test_cache_files_and_directories_are_private_whatever_the_umask(tmp_path, umask):
+    from rtx_backend.lower import exporter_ops
+
+    _compile_into(tmp_path / "new" / "engines")
+    rtx_backend.wait_for_updates(60)
+    exporter_ops.translated.cache_clear()
+    exporter_ops.translated()  # writes the op list under the cache root
+    made = [tmp_path / "new", tmp_path / "new" / "engines", tmp_path / "cache", tmp_path / "cache" / "exporter",
+            _trust.key_path().parent]
+    assert {d: stat.S_IMODE(d.stat().st_mode) for d in made} == dict.fromkeys(made, 0o700)
+    files = [*(tmp_path / "new" / "engines").iterdir(), *(tmp_path / "cache" / "exporter").iterdir(), _trust.key_path()]
+    assert {p.suffix for p in files} >= {".engine", ".graph", ".lock", ".json", ".key"}
+    assert {f: stat.S_IMODE(f.stat().st_mode) for f in files} == dict.fromkeys(files, 0o600)
     assert _trust.directory_problem(tmp_path / "new" / "engines") is None
-    assert len(list((tmp_path / "new" / "engines").glob("*.engine"))) == 1
     rtx_backend.reset_stats()
     torch._dynamo.reset()
     _compile_into(tmp_path / "new" / "engines")
     assert rtx_backend.stats()["graph_cache_hits"] == 1
+
+
+def test_a_private_cache_directory_under_a_directory_like_tmp_is_used(tmp_path):
+    shared = tmp_path / "tmp"
+    shared.mkdir()
+    shared.chmod(0o1777)  # sticky and world-writable, as /tmp (or /dev/shm on tmpfs) is
+    mine = shared / "mine"
+    mine.mkdir(mode=0o700)
+    assert _trust.directory_problem(mine) is None
+    assert _trust.directory_problem(shared / "not-yet" / "engines") is None  # made 0700 by the cache
+    _compile_into(mine)
+    assert len(list(mine.glob("*.engine"))) == 1
+
+
+def test_a_private_cache_directory_under_a_world_writable_one_without_sticky_bit_is_used(tmp_path):
+    """A tmpfs mounted 0777 (a Kubernetes emptyDir at /tmp, say): a private folder there is safe."""
+    shared = tmp_path / "tmp"
+    shared.mkdir()
+    shared.chmod(0o777)
+    mine = shared / "mine"
+    mine.mkdir(mode=0o700)
+    assert _trust.directory_problem(mine) is None
+    assert _trust.directory_problem(shared / "not-yet" / "engines") is None  # the cache makes them 0700
+    _compile_into(shared / "not-yet" / "engines")
+    assert len(list((shared / "not-yet" / "engines").glob("*.engine"))) == 1
+    assert stat.S_IMODE((shared / "not-yet").stat().st_mode) == 0o700
+    (shared / "open").mkdir(mode=0o755)  # not private: another user could rename it and put theirs there
+    problem = _trust.directory_problem(shared / "open") or ""
+    assert f"chmod 700 {shared / 'open'}" in problem and f"chmod go-w {shared}" not in problem
+
+
+def test_a_directory_every_user_writes_to_is_refused_naming_a_private_one_inside_it(tmp_path, caplog):
+    shared = tmp_path / "tmp"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    problem = _trust.directory_problem(shared) or ""
+    assert "chmod" not in problem and str(shared / _trust.own_name()) in problem
+    with caplog.at_level(logging.WARNING, logger="rtx_backend"):
+        _compile_into(shared)
+    assert "chmod go-w" not in caplog.text and str(shared / _trust.own_name()) in caplog.text
+    assert not list(shared.iterdir())
+
+
+@posix_root
+def test_a_directory_of_another_user_above_is_refused_advising_a_private_one(tmp_path):
+    parent = tmp_path / "team"
+    (parent / "engines").mkdir(parents=True)
+    parent.chmod(0o777)
+    os.chown(parent, NOBODY, NOBODY)
+    problem = _trust.directory_problem(parent / "engines") or ""
+    assert f"owned by uid {NOBODY}" in problem and f"chmod 700 {parent / 'engines'}" in problem
+    assert f"chmod go-w {parent}" not in problem
+    (parent / "engines").chmod(0o700)  # private: what is inside is out of their reach
+    assert _trust.directory_problem(parent / "engines") is None
 
 
 def test_files_signed_by_another_user_are_misses(tmp_path, monkeypatch, caplog):

@@ -11,6 +11,7 @@ import hashlib
 import json
 import logging
 import os
+import stat
 import subprocess
 import sys
 import textwrap
@@ -20,7 +21,7 @@ import pytest
 import torch
 
 import rtx_backend
-from rtx_backend import _log, _targets
+from rtx_backend import _log, _targets, _trust
 from rtx_backend._options import Options
 from rtx_backend.run import runtime_cache as _runtime_cache
 
@@ -477,3 +478,48 @@ def test_a_world_writable_runtime_cache_directory_keeps_the_cache_in_memory(tmp_
     assert entry.path is None and "chmod go-w" in caplog.text
     entry.cache.kernels = b"k"
     assert rtx_backend.save_runtime_cache() == [] and list(shared.iterdir()) == []
+
+
+def test_a_huge_sparse_runtime_cache_is_a_warning_naming_its_size_and_is_not_read(tmp_path, caplog):
+    path = tmp_path / "rc.bin"
+    with open(path, "wb") as f:
+        try:
+            f.truncate(4 * 2**40)  # 4 TiB, sparse: no disk used
+        except OSError as exc:
+            pytest.skip(f"this file system makes no 4 TiB sparse file ({exc})")
+    with caplog.at_level(logging.WARNING, "rtx_backend"):
+        _, entry = _attach(runtime_cache_path=str(path))
+    warning = next(r.getMessage() for r in caplog.records if str(path) in r.getMessage())
+    assert "4.0 TiB" in warning and str(4 * 2**40) in warning  # its size
+    assert "1.0 GiB" in warning and f"rm {path}" in warning  # the limit, and what to do
+    entry.cache.kernels = b"k"
+    assert not entry.save()  # what it could not judge is not overwritten
+    assert path.stat().st_size == 4 * 2**40
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o077])
+def test_a_saved_runtime_cache_and_its_directory_are_private_whatever_the_umask(tmp_path, umask):
+    old = os.umask(umask)
+    try:
+        _, entry = _attach(runtime_cache_path=str(tmp_path / "new" / "rc.bin"))
+        entry.cache.kernels = b"k"
+        assert entry.save()
+    finally:
+        os.umask(old)
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in (tmp_path / "new", *(tmp_path / "new").iterdir())}
+    assert modes == {"new": 0o700, "rc.bin": 0o600, "rc.bin.lock": 0o600}
+
+
+def test_a_runtime_cache_in_a_directory_every_user_writes_to_names_a_private_one(tmp_path, monkeypatch, caplog):
+    shared = tmp_path / "tmp"
+    shared.mkdir()
+    shared.chmod(0o1777)  # as /tmp is
+    with caplog.at_level(logging.WARNING, "rtx_backend"):
+        _, entry = _attach(runtime_cache_path=str(shared / "rc.bin"))
+    assert entry.path is None and "chmod go-w" not in caplog.text
+    assert str(shared / _trust.own_name()) in caplog.text  # a directory of one's own inside it
+    _restart(monkeypatch)
+    _, entry = _attach(runtime_cache_path=str(shared / _trust.own_name() / "rc.bin"))
+    entry.cache.kernels = b"k"
+    assert entry.path is not None and entry.save()
+    assert stat.S_IMODE((shared / _trust.own_name()).stat().st_mode) == 0o700

@@ -44,11 +44,16 @@ def test_an_adopted_cache_is_served_and_unadopted_it_is_not(tmp_path, monkeypatc
     shutil.copytree(shipped, probe)
     compile_and_run(model, x, min_block_size=1, target_compute_capabilities=SM86, engine_cache_dir=str(probe))
     assert rtx_backend.stats()["engine_builds"] == 1  # not adopted: nothing of it is trusted
-    shipped.chmod(0o777)  # as a copy onto a shared volume may leave it
+    shipped.chmod(0o777)  # as a copy onto a shared volume may leave it, with its files
+    for path in shipped.iterdir():
+        path.chmod(0o666)
     assert _info.main(["adopt-cache", str(shipped)]) == 0
     out = capsys.readouterr().out
     assert "2 cache file(s) checked and signed with your key" in out  # the engine entry, the graph entry
-    assert stat.S_IMODE(shipped.stat().st_mode) & 0o022 == 0
+    assert f"{shipped}: made private to you (mode 0700)" in out
+    assert stat.S_IMODE(shipped.stat().st_mode) == 0o700
+    ours = [p for p in shipped.iterdir() if store.is_our_name(p.name)]
+    assert len(ours) >= 2 and {stat.S_IMODE(p.stat().st_mode) for p in ours} == {0o600}
     torch._dynamo.reset()
     rtx_backend.reset_stats()
     y = compile_and_run(model, x, min_block_size=1, target_compute_capabilities=SM86, engine_cache_dir=str(shipped))
