@@ -61,9 +61,23 @@ global_forward_pre_hooks: dict[int, Any] = torch.nn.modules.module._global_forwa
 
 
 def cuda_driver_version() -> int | str:
-    """The CUDA driver's version (torch.version.cuda is the runtime torch was built with)."""
-    query = getattr(torch._C, "_cuda_getDriverVersion", None)
-    return query() if query is not None else "?"
+    """The CUDA driver's version (torch.version.cuda is the runtime torch was built with), from the
+    driver's own cuDriverGetVersion: torch has no public query, and its private one is missing from
+    some CUDA builds (2.11). "?" where no driver library loads."""
+    import ctypes
+    import ctypes.util
+
+    for name in ("libcuda.so.1", ctypes.util.find_library("cuda"), "nvcuda.dll"):
+        if not name:
+            continue
+        try:
+            driver = ctypes.CDLL(name)
+            version = ctypes.c_int(0)
+            if driver.cuDriverGetVersion(ctypes.byref(version)) == 0 and version.value > 0:
+                return int(version.value)
+        except (OSError, AttributeError):
+            continue
+    return "?"
 
 
 # ---- pytrees: torch.utils.pytree is the public name only in newer torch ------------------------
@@ -299,7 +313,6 @@ ENTRY_POINTS: tuple[tuple[str, Callable[[], Any], bool], ...] = (
     ("torch._C._cuda_getCurrentRawStream", lambda: torch._C._cuda_getCurrentRawStream, True),
     ("torch._C._cuda_isCurrentStreamCapturing", lambda: torch._C._cuda_isCurrentStreamCapturing, True),
     ("torch._C._cuda_getDevice", lambda: torch._C._cuda_getDevice, True),
-    ("torch._C._cuda_getDriverVersion", lambda: torch._C._cuda_getDriverVersion, True),  # type: ignore[attr-defined]
     ("torch._C._CudaEventBase", lambda: torch._C._CudaEventBase, True),
     ("torch._C._dynamo.guards._empty_strided_cuda", lambda: torch._C._dynamo.guards._empty_strided_cuda, True),  # type: ignore[attr-defined]
     ("torch._C._is_any_autocast_enabled", lambda: is_any_autocast_enabled, False),

@@ -50,3 +50,11 @@ def test_importing_the_package_imports_neither_dynamo_nor_aot_autograd_nor_the_e
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=PACKAGE.parent).stdout
     assert out.strip() == "[]"
+
+
+def test_the_cuda_driver_version_is_the_drivers_own_or_unknown():
+    version = _torch_compat.cuda_driver_version()
+    if torch.cuda.is_available() and torch.version.cuda is not None:
+        assert isinstance(version, int) and version >= 10000, version  # e.g. 13000 for CUDA 13.0
+    else:
+        assert version == "?" or (isinstance(version, int) and version >= 10000), version
