@@ -1,7 +1,7 @@
-"""The benchmark tables of the README, docs/performance.md and docs/zoo.md, made from bench/results/*.json.
+"""The benchmark tables of the README and docs/ (performance, zoo, rest, weights, deploy), made from bench/results/*.json.
 
     python bench/report.py            # print the tables (or name some: python bench/report.py zoo_gpu)
-    python bench/report.py --write    # put them into README.md, docs/performance.md and docs/zoo.md
+    python bench/report.py --write    # put them into README.md and the docs pages
     python bench/report.py --check    # exit 1 when those files are not what the results say
 
 Each table sits between `<!-- report:NAME -->` and `<!-- /report -->` in its file, so the
@@ -481,6 +481,108 @@ def zoo_cpu_table(results: list[tuple[str, dict[str, Any]]]) -> str:
     return "\n".join(lines)
 
 
+# ---- the tables of docs/rest.md, docs/weights.md and docs/deploy.md -------------------------------
+
+REST_CASES = {"rest-turing": "every GEMM kept in PyTorch (`torch_executed_ops`, as for Turing)",
+              "rest-fallback": "lowering failed: the whole graph is the rest",
+              "rest-zoo": "fully lowered: one region, glue around it"}
+
+
+def rest_table(results: list[tuple[str, dict[str, Any]]]) -> str:
+    """bench/rest.py: the graph outside the regions run in PyTorch or compiled by inductor."""
+    used = _of_kinds(results, tuple(REST_CASES))
+    rows = [(kind(stem), c) for stem, r in used for part in r.get("parts", {}).values() for c in part
+            if "median_ms" in c["backends"].get("trtrtx-cg", {}) and "median_ms" in c["backends"].get("trtrtx-inductor-cg", {})]
+    if not rows:
+        return "(no saved result of bench/rest.py)"
+    lines = [measured(used, "FP16, median ms, with CUDA graphs (`cuda_graph_strategy=\"whole_graph_capture\"`: "
+                      "TensorRT-RTX's own per engine with the rest in PyTorch, inductor's over the whole graph with "
+                      "the rest in inductor); ratio: rest in inductor / rest in PyTorch"), "",
+             "| case | model | batch | rest in PyTorch | rest in inductor | ratio | inductor reduce-overhead |",
+             "|---|---|---|---|---|---|---|"]
+    for case, c in sorted(rows, key=lambda kc: (list(REST_CASES).index(kc[0]), _zoo_order(kc[1]["model"]))):
+        b = c["backends"]
+        eager, ind = b["trtrtx-cg"]["median_ms"], b["trtrtx-inductor-cg"]["median_ms"]
+        lines.append(f"| {REST_CASES[case]} | {_zoo_name(c['model'])} | {c['shape'][0][0]} | {eager:.3f} | {ind:.3f} "
+                     f"| {ind / eager:.2f} | {_ms(b.get('inductor-ro', {}))} |")
+    return "\n".join(lines)
+
+
+REFIT_MODELS = {"resnet50": "ResNet-50", "encoder-6x768": "encoder 6x768"}
+
+
+def refit_table(results: list[tuple[str, dict[str, Any]]]) -> str:
+    """bench/refit.py: refittable engines against engines built again, per TensorRT-RTX version."""
+    used = _of_kinds(results, ("refit",))
+    if not used:
+        return "(no saved result of bench/refit.py)"
+    lines = [measured(used, "FP16, batch 1, each model compiled from empty caches, then every weight changed "
+                      "twice; a change: from the call that saw it until the engines had the new weights; "
+                      "call that saw it: `-` where it waited for the update"), "",
+             "| TensorRT-RTX | model | engines built | a change | cold build s | call ms | a change s "
+             "| change / cold build | call that saw it ms |", "|---|---|---|---|---|---|---|---|---|"]
+    for _, r in used:
+        for model, runs in r.get("models", {}).items():
+            for row in runs:
+                stats = row.get("stats", {})
+                how = ("refits" if stats.get("weight_refits") else "builds again" if stats.get("weight_rebuilds")
+                       else "-")
+                changes = [row[k] for k in ("change_1_s", "change_2_s") if k in row]
+                calls = [row[k] for k in ("change_1_call_s", "change_2_call_s") if k in row]
+                share = f"{100 * changes[-1] / row['cold_build_s']:.0f}%" if changes else "-"
+                lines.append(f"| {version(r)} | {REFIT_MODELS.get(model, model)} | "
+                             f"{'refittable' if row['refittable'] else 'not refittable'} | {how} | "
+                             f"{row['cold_build_s']:.2f} | {row['median_ms']:.3f} | "
+                             f"{', '.join(f'{x:.2f}' for x in changes) or '-'} | {share} | "
+                             f"{', '.join(f'{1000 * x:.0f}' for x in calls) or '-'} |")
+    return "\n".join(lines)
+
+
+CHECK_MODELS = {"mlp-2x256": "MLP 2x256", "mlp-4x4096": "MLP 4x4096", "resnet50-like": "ResNet-50-like"}
+
+
+def weight_check_table(results: list[tuple[str, dict[str, Any]]]) -> str:
+    """bench.py --parts weights: the host time of the per-call weight check, and a whole call checked and frozen."""
+    used = [(s, r) for s, r in results if r.get("weight_check") and _env(r).get("gpu")]
+    if not used:
+        return "(no saved weight-check result)"
+    stem, r = used[-1]
+    checks = {k: v for k, v in r["weight_check"].items() if "check_us" in v}
+    calls = {k: v for k, v in r["weight_check"].items() if "checked_ms" in v}
+    lines = [measured([(stem, r)], "host microseconds of the check per call; a whole call: "
+                      "ResNet-50-like, batch 1, FP16, TensorRT-RTX's CUDA graphs, median ms"), "",
+             "| model | weights | check us | call, `weights=\"checked\"` ms | call, `weights=\"frozen\"` ms |",
+             "|---|---|---|---|---|"]
+    for model, row in checks.items():
+        call = next((v for k, v in calls.items() if k.startswith(model)), None)
+        lines.append(f"| {CHECK_MODELS.get(model, model)} | {row['weights']} | {row['check_us']:.1f} | "
+                     + (f"{call['checked_ms']:.3f} | {call['frozen_ms']:.3f} |" if call else "- | - |"))
+    return "\n".join(lines)
+
+
+def package_table(results: list[tuple[str, dict[str, Any]]]) -> str:
+    """bench/package.py: a saved `.pt2` loaded in a fresh process, against the compiled model with warm caches."""
+    used = _of_kinds(results, ("package", "package-bytecode-off"))
+    if not used:
+        return "(no saved result of bench/package.py)"
+    lines = [measured(used, "ResNet-18 FP16, batch 1, medians of fresh processes, the runtime cache present but in the third column; "
+                      "compiled: `torch.compile` with warm engine, graph and runtime caches"), "",
+             "| Python bytecode | `load` to first result s | the same, runtime cache empty "
+             "| from process start s, package / compiled | `import torch` s | steady ms, package / compiled "
+             "| archive MB (`onnx=False`) |", "|---|---|---|---|---|---|---|"]
+    for _, r in used:
+        load, first, warm = r["load"], r.get("load_first_process", {}), r["compile_warm"]
+        steady, archive = r["steady_state"], r["archive"]
+        cached = "cached" if str(_env(r).get("bytecode", "")).startswith("cached") else "not cached"
+        lines.append(f"| {cached} | {load['load_to_first_result_s']:.2f} | "
+                     + (f"{first['load_to_first_result_s']:.2f}" if "load_to_first_result_s" in first else "-")
+                     + f" | {load['from_process_start_s']:.2f} / {warm['from_process_start_s']:.2f} | "
+                     f"{load['import_torch_s']:.2f} | {steady['package']['median_ms']:.3f} / "
+                     f"{steady['compiled']['median_ms']:.3f} | {archive['size_bytes'] / 1e6:.1f} "
+                     f"({archive['size_without_onnx_bytes'] / 1e6:.1f}) |")
+    return "\n".join(lines)
+
+
 def bench_table(results: list[tuple[str, dict[str, Any]]]) -> str:
     """The README's table with FP32 too (docs/performance.md)."""
     return readme_table(results, ("fp16", "float16", "torch.float16", "fp32", "float32", "torch.float32"))
@@ -488,8 +590,9 @@ def bench_table(results: list[tuple[str, dict[str, Any]]]) -> str:
 
 TABLES = {"readme": readme_table, "bench": bench_table, "zoo_gpu": zoo_gpu_table, "zoo_peer": zoo_peer_table, "zoo_cold": zoo_cold_table,
           "zoo_calls": zoo_calls_table, "zoo_cpu": zoo_cpu_table, "fastest": fastest_table, "starts": starts_table,
-          "overhead": overhead_table}
-FILES = (ROOT / "README.md", ROOT / "docs" / "performance.md", ROOT / "docs" / "zoo.md")
+          "overhead": overhead_table, "rest": rest_table, "refit": refit_table, "weight_check": weight_check_table,
+          "package": package_table}
+FILES = (ROOT / "README.md", *(ROOT / "docs" / f"{name}.md" for name in ("performance", "zoo", "rest", "weights", "deploy")))
 _BLOCK = re.compile(r"(<!-- report:(?P<name>\w+) -->\n)(?:.*?\n)??(<!-- /report -->)", re.S)
 
 
@@ -506,7 +609,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("tables", nargs="*", choices=[[], *TABLES], metavar="NAME",
                         help=f"print these tables (default: all): {', '.join(TABLES)}")
-    parser.add_argument("--write", action="store_true", help="update README.md, docs/performance.md and docs/zoo.md")
+    parser.add_argument("--write", action="store_true", help="update README.md and the docs pages that hold tables")
     parser.add_argument("--check", action="store_true", help="exit 1 when they are out of date")
     parser.add_argument("--results", default=str(RESULTS))
     args = parser.parse_args()

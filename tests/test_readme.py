@@ -106,6 +106,23 @@ def test_performance_and_zoo_pages_name_the_gpu_of_every_table_and_say_it_is_not
         assert not re.search(r"\bused to\b", text), name
 
 
+GUIDES = ("performance.md", "zoo.md", "rest.md", "deploy.md", "weights.md", "design.md")
+
+
+def test_guide_pages_read_as_a_guide_and_their_tables_name_the_gpu():
+    """No dated sections, no "used to"; every generated table of these pages says which GPU it
+    comes from, and a page that quotes H200 numbers says that it is not an RTX GPU."""
+    for name in GUIDES:
+        text = DOCS[name]
+        assert not re.search(r"^#+ .*\d{4}-\d\d-\d\d", text, re.M), name
+        assert not re.search(r"\bused to\b|\bnot explained yet\b|\bnot measured yet\b", text, re.I), name
+        for table, first in re.findall(r"<!-- report:(\w+) -->\n(.*)\n", text):
+            if table not in ("readme", "bench"):
+                assert re.match(r"(.+ \(not an RTX GPU\)|.*RTX.*|CPU), TensorRT-RTX \d+\.\d+\.\d+", first), (name, first)
+        if "H200" in text:
+            assert "not an RTX GPU" in text, name
+
+
 def test_docs_exist_and_are_linked():
     for name in ("design.md", "caches.md", "performance.md"):
         assert name in DOCS and f"(docs/{name})" in README
