@@ -58,9 +58,46 @@ def build_progress(options: Options, description: str = "trtrtx: building engine
         yield None
         return
     try:
-        yield monitor
+        with _log_lines_above_the_bar():
+            yield monitor
     finally:
         progress.close()
+
+
+class _Redirect:
+    """How many builds may show a bar now, and tqdm's redirect of the log while any does."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.context: Any = None
+        self.lock = threading.Lock()
+
+
+_REDIRECT = _Redirect()
+
+
+@contextlib.contextmanager
+def _log_lines_above_the_bar() -> Iterator[None]:
+    """While a bar may be on the terminal, log records go through tqdm.write (tqdm's
+    logging_redirect_tqdm), so that a WARNING printed during a build is a whole line above the bar,
+    not cut into it. Builds on several threads share one redirect: the first in installs it, the
+    last out removes it, so the user's handlers are restored exactly once."""
+    from tqdm.contrib.logging import logging_redirect_tqdm
+
+    with _REDIRECT.lock:
+        if _REDIRECT.count == 0:
+            context = logging_redirect_tqdm()
+            context.__enter__()
+            _REDIRECT.context = context
+        _REDIRECT.count += 1
+    try:
+        yield
+    finally:
+        with _REDIRECT.lock:
+            _REDIRECT.count -= 1
+            if _REDIRECT.count == 0 and _REDIRECT.context is not None:
+                context, _REDIRECT.context = _REDIRECT.context, None
+                context.__exit__(None, None, None)
 
 
 class BuildProgress:

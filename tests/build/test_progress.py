@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import io
+import logging
+import sys
 
 import pytest
 import torch
@@ -129,3 +131,22 @@ def test_backend_passes_a_monitor_only_when_enabled(monkeypatch, forced_on):
     torch.testing.assert_close(y, model(x), atol=1e-4, rtol=1e-4)
     assert len(seen) == 1
     assert (seen[0] is not None) is forced_on
+
+
+def test_log_lines_during_a_build_go_above_the_bar_and_the_handlers_come_back(monkeypatch):
+    """A WARNING while a bar may be on the terminal is written by tqdm (a whole line above the
+    bar, not cut into it); overlapping builds share the redirect, and the user's handlers return."""
+    monkeypatch.setattr(_progress, "enabled", lambda options: True)
+    root = logging.getLogger()
+    handler = logging.StreamHandler(sys.stderr)
+    root.addHandler(handler)
+    try:
+        before = list(root.handlers)
+        with _progress.build_progress(Options()) as first:
+            assert first is not None and handler not in root.handlers
+            with _progress.build_progress(Options()):  # another build at the same time
+                assert handler not in root.handlers
+            assert handler not in root.handlers  # the first build's bar may still be shown
+        assert root.handlers == before
+    finally:
+        root.removeHandler(handler)
