@@ -103,8 +103,10 @@ def warn_nothing_lowered(plan: PartitionPlan) -> None:
         ordered = sorted(counts.items(), key=lambda kv: (kv[0] not in TARGET_RULES, -kv[1]))
         rules = "; ".join(f"{rule} kept {n} node(s) in PyTorch (fix: {FIXES.get(rule, 'see explain')})"
                           for rule, n in ordered)
+        # once a process for each set of rules: a model with many small graphs (graph breaks) gets
+        # one line, not one a graph; recording() and explain list every graph
         say_once(f"trtrtx: nothing of this graph runs on TensorRT-RTX: {rules}. rtx_backend.explain(model, "
-                 "*inputs, options=...) lists every node")
+                 "*inputs, options=...) lists every node", key="nothing-lowered:" + ",".join(sorted(counts)))
 
 
 # rules that keep nodes out with nothing for the user to do, and that follow from other rules
