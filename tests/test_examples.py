@@ -24,7 +24,8 @@ def run_example(name: str) -> str:
 
 # What each example must say, besides where it ran.
 EXPECTED = {
-    "quickstart.py": ["trtrtx: 1 graph(s) compiled", "runs on"],
+    "quickstart.py": ["trtrtx: 1 graph(s) compiled", "runs on",
+                      "second start (compile + run)", "1 of 1 engine(s) loaded from the engine cache, none built"],
     "deploy.py": ["saved smallnet.pt2 for [(8, 6), (8, 9)]", "loaded and ran in", "max abs error vs FP32 eager"],
     "turing_targets.py": ["kept in PyTorch, by rule", "run the model in FP16", "fp32-gemm-turing", "conv3d-turing", "bf16-turing",
                           "float32   Ampere SM8.6: 1 region(s); kept in PyTorch: none"],
