@@ -91,7 +91,9 @@ class _Logger:
 
     def __new__(cls) -> Any:
         import logging
+        import sys
 
+        finalizing = sys.is_finalizing
         base = trt().ILogger
         severity = trt().ILogger.Severity
         log = logging.getLogger("rtx_backend.trt")
@@ -102,11 +104,16 @@ class _Logger:
                 self.errors: list[str] = []
 
             def log(self, sev: Any, msg: str) -> None:
-                if sev in (severity.INTERNAL_ERROR, severity.ERROR):
-                    self.errors.append(msg)
-                    log.debug("TensorRT-RTX error: %s", msg)
-                elif sev == severity.WARNING:
-                    log.debug("TensorRT-RTX: %s", msg)
+                if finalizing():  # engines freed at interpreter exit: logging is half torn down,
+                    return  # and an exception here is printed by TensorRT-RTX as an [ERROR] block
+                try:
+                    if sev in (severity.INTERNAL_ERROR, severity.ERROR):
+                        self.errors.append(msg)
+                        log.debug("TensorRT-RTX error: %s", msg)
+                    elif sev == severity.WARNING:
+                        log.debug("TensorRT-RTX: %s", msg)
+                except Exception:  # never into TensorRT-RTX's callback: it would print its own error
+                    return
 
         return Logger()
 
