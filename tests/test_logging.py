@@ -3,10 +3,15 @@ line per compiled graph (regions, engines built or loaded from the cache, second
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import subprocess
 import sys
+
+import pytest
+
+from rtx_backend import _trt
 
 COMPILE = """
 import logging, sys, torch
@@ -49,3 +54,23 @@ def test_info_line_counts_regions_and_engines(tmp_path):
     # Above INFO, only the one warning that the regions run in ONNX Runtime (the model is on the CPU).
     loud = [line for line in first.stderr.splitlines() if not line.startswith("INFO ")]
     assert len(loud) == 1 and "regions run in ONNX Runtime instead" in loud[0], first.stderr
+
+
+@pytest.mark.skipif(not _trt.available(), reason="TensorRT-RTX is not installed (pip install tensorrt-rtx)")
+def test_tensorrt_rtx_messages_at_interpreter_exit_are_dropped_and_never_raise(monkeypatch):
+    """Engines freed while the interpreter exits log through a half torn-down logging module; an
+    exception there would make TensorRT-RTX print an [ERROR] block of its own."""
+    severity = _trt.trt().ILogger.Severity
+    monkeypatch.setattr(sys, "is_finalizing", lambda: True)
+    late = _trt._Logger()
+    late.log(severity.ERROR, "freed at exit")
+    assert late.errors == []
+    monkeypatch.setattr(sys, "is_finalizing", lambda: False)
+    live = _trt._Logger()
+
+    def broken(*args, **kwargs):
+        raise TypeError("catching classes that do not inherit from BaseException is not allowed")
+
+    monkeypatch.setattr(logging.getLogger("rtx_backend.trt"), "debug", broken)
+    live.log(severity.ERROR, "build failed")  # does not raise into TensorRT-RTX's callback
+    assert live.errors == ["build failed"]
