@@ -2,10 +2,9 @@
 writes and checked reads.
 
 A writer takes an inter-process lock (filelock: flock on POSIX, released by the OS if the
-process dies), writes a temp file in the target's directory and renames it over the target.
-Readers need no lock: a rename is atomic, so a reader sees the old file or the new one, never
-a half-written one. Errors surface as OSError (filelock.Timeout is one) for the caller to turn
-into a warning.
+process dies), writes a temp file beside the target and renames it over the target. Readers
+need no lock: a rename is atomic. Errors surface as OSError (filelock.Timeout is one) for the
+caller to turn into a warning.
 
 Cache files hold a model's weights: every file written here (and every lock file) is mode 0600
 and every directory made here 0700, whatever the umask: private to their owner.
@@ -15,11 +14,10 @@ which never blocks and never reads what it cannot vouch for: the file must be a 
 a FIFO, a device, a directory or a symbolic link: it is looked at before it is opened, and opened
 non-blocking without following links), owned by this user, not writable by group or others, and
 no larger than its caller's limit (a 4 TB sparse file is refused by its size, never read). A
-refusal is a `Refused` (an OSError) whose message names the file, what is wrong and what to do,
-for the caller's warning and miss. Large files are read into an anonymous memory map rather than
-a bytes object: malloc would keep a freed engine-sized block (its mmap threshold rises to the
-largest block freed) and a process that compiles again and again would grow by an engine each
-time.
+refusal is a `Refused` (an OSError) whose message names the file, what is wrong and what to do.
+Large files are read into an anonymous map, not bytes: malloc would keep a freed engine-sized
+block (its mmap threshold rises to the largest block freed), a process compiling again and again
+growing by an engine each time.
 
 A temp file's name carries the host and process that write it, so the next write removes the
 temps of a writer that was killed as soon as that process is gone (and any after an hour), and
