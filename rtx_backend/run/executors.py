@@ -398,11 +398,19 @@ class TrtExecutor(Executor):
         new_shapes = shapes != b.input_shapes
         index = self.device.index
         addresses = b.addresses
+        # Copies made here (an input on the host, or not contiguous) are held until the engine is
+        # enqueued: dropped earlier, the allocator could hand their memory to the next copy or to
+        # an output of this very call, and the engine would read an input its outputs overwrite
+        # (an LLM's cache counter off by the prompt length). After the enqueue, the stream-ordered
+        # allocator reuses them only for work that runs after the engine.
+        held: list[torch.Tensor] = []
         for name, t in zip(self.input_names, tensors):
             if t.get_device() != index:  # an int compare: no torch.device on every call
                 t = t.to(self.device)
+                held.append(t)
             if not t.is_contiguous():
-                t = t.contiguous()  # a temporary copy stays valid: the allocator is stream-ordered
+                t = t.contiguous()
+                held.append(t)
             if new_shapes and not ctx.set_input_shape(name, tuple(t.shape)):
                 b.input_shapes = ()
                 raise RtxBackendError(

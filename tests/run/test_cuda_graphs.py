@@ -6,6 +6,7 @@ asked, and when); the GPU tests run real engines.
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import threading
 import types
@@ -55,12 +56,19 @@ class FakeContext:
         self.queried: list[int] = []
         self.runs = 0
         self.run_streams: list[int] = []
+        self.addresses: dict[str, int] = {}
+        self.seen: list[dict[str, list[float]]] = []  # per run: the floats at each input's address
+
+    def _read(self, name: str) -> list[float]:
+        n = int(torch.Size(self.shapes[name]).numel())
+        return list((ctypes.c_float * n).from_address(self.addresses[name]))
 
     def set_input_shape(self, name: str, shape: tuple[int, ...]) -> bool:
         self.shapes[name] = shape
         return True
 
     def set_tensor_address(self, name: str, address: int) -> bool:
+        self.addresses[name] = address
         return True
 
     def get_tensor_shape(self, name: str) -> tuple[int, ...]:
@@ -76,6 +84,7 @@ class FakeContext:
     def execute_async_v3(self, stream: int) -> bool:
         self.runs += 1
         self.run_streams.append(stream)
+        self.seen.append({name: self._read(name) for name in self.shapes})  # what the engine would read
         return True
 
 
@@ -147,14 +156,14 @@ def fake_executor(monkeypatch):
     monkeypatch.setattr(_runtime_cache, "CACHES", _runtime_cache.Caches())
     monkeypatch.setattr(_targets, "gpu_identity_parts", lambda: ("NVIDIA GeForce RTX 3090", (8, 6)))
 
-    def make(*, capturable: bool = True, dynamic: bool = False, **options):
+    def make(*, capturable: bool = True, dynamic: bool = False, inputs: int = 1, **options):
         engine = FakeEngine(capturable)
         monkeypatch.setattr(_executors, "deserialize", lambda data, threads=None: (None, engine))
         shape: tuple[int | str, ...] = ("s0", 4) if dynamic else (2, 4)
         bounds = ((2, None), (4, 4)) if dynamic else ((2, 2), (4, 4))
         region = OnnxRegion(
-            b"", (0,),
-            (TensorSpec("input_0", shape, torch.float32, (2, 4), bounds),),
+            b"", tuple(range(inputs)),
+            tuple(TensorSpec(f"input_{i}", shape, torch.float32, (2, 4), bounds) for i in range(inputs)),
             (TensorSpec("output_0", shape, torch.float32, (2, 4), bounds),),
         )
         executor = _executors.TrtExecutor(b"", region, Options.from_dict({"runtime_cache_path": "", **options}),
@@ -484,3 +493,16 @@ def test_gpu_outer_cuda_graph_replays_new_inputs(strategy, dynamic):
         # after the capture, ordinary calls still give the right answer
         other = torch.randn_like(static_x)
         torch.testing.assert_close(compiled(other), model(other), atol=1e-3, rtol=1e-3)
+
+
+def test_inputs_copied_for_the_engine_stay_alive_until_it_runs(fake_executor):
+    """Inputs that are not contiguous are copied; each copy must still hold its input when the
+    engine runs. Dropped at once, the next copy could take its memory, and the engine would read
+    the second input as the first (an LLM's cache counter came back off by the prompt length)."""
+    executor, engine, _ = fake_executor(inputs=3)
+    values = [torch.arange(8, dtype=torch.float32).reshape(4, 2) * (k + 1) for k in range(3)]
+    views = [v.t() for v in values]  # (2, 4), not contiguous
+    for _ in range(3):
+        executor.run((), views)
+    for seen in engine.contexts[0].seen:
+        assert [seen[f"input_{k}"] for k in range(3)] == [v.t().reshape(-1).tolist() for v in values]
