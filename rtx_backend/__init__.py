@@ -12,6 +12,8 @@ package is not needed to compile. Import it for the tools:
     recording()                             with-block: where each compiled region ran, and why
     crosscheck(model, *inputs, options=...) every region in PyTorch, ONNX Runtime and TensorRT-RTX
     Options                                 every option, its default and meaning (help(Options))
+    set_default_options(options)            options for compiles given mode= only (Hugging Face's
+    default_options(options)                CompileConfig): for the process, or a with-block
     stats(), reset_stats()                  event counters: compiles, engine builds, cache hits
     preload()                               pay one-time costs up front (a server's start-up)
     save_runtime_cache()                    write TensorRT-RTX's JIT kernel cache now
@@ -31,6 +33,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from . import _stats
+from ._defaults import default_options, set_default_options
 from ._errors import (
     BuildError,
     CudaGraphError,
@@ -116,6 +119,7 @@ __all__ = [
     "RuntimeUnavailableError",
     "TargetError",
     "crosscheck",
+    "default_options",
     "explain",
     "load",
     "preload",
@@ -123,6 +127,7 @@ __all__ = [
     "reset_stats",
     "save",
     "save_runtime_cache",
+    "set_default_options",
     "stats",
     "trtrtx",
     "wait_for_updates",

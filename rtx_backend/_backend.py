@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from . import _host, _stats, _torch_compat
+from ._defaults import with_defaults
 from ._errors import OptionsError, RtxBackendError, RuntimeUnavailableError
 from ._log import one_line, say_once
 from ._options import options_for_mode
@@ -39,7 +40,7 @@ def trtrtx(
     cuda_graph_strategy="whole_graph_capture"); other modes raise OptionsError.
     """
     try:
-        opts = options_for_mode(mode, options)
+        opts = options_for_mode(mode, with_defaults(options))
     except RtxBackendError as exc:  # OptionsError, TargetError: catchable as documented, not Dynamo's wrapper
         raise _torch_compat.past_dynamo(exc) from exc.__cause__
     _stats.count("backend_calls")
