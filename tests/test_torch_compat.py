@@ -58,3 +58,20 @@ def test_the_cuda_driver_version_is_the_drivers_own_or_unknown():
         assert isinstance(version, int) and version >= 10000, version  # e.g. 13000 for CUDA 13.0
     else:
         assert version == "?" or (isinstance(version, int) and version >= 10000), version
+
+
+def test_an_error_past_dynamo_is_still_ours_with_our_message():
+    from rtx_backend._errors import OptionsError
+    from rtx_backend._errors import RegionRefused as Refused  # (its own __init__ and fields)
+
+    cause = KeyError("k")
+    error = OptionsError("unknown option(s) 'x'")
+    error.__cause__ = cause
+    passed = _torch_compat.past_dynamo(error)
+    assert isinstance(passed, OptionsError) and isinstance(passed, _torch_compat.dynamo_exc().ShortenTraceback)
+    assert str(passed) == "unknown option(s) 'x'" and passed.__cause__ is cause
+    passed.args = (passed.args[0] + "\nSet TORCHDYNAMO_VERBOSE=1 ...",)  # what Dynamo appends
+    assert str(passed) == "unknown option(s) 'x'"
+    refused = _torch_compat.past_dynamo(Refused({"add": "why"}))
+    assert isinstance(refused, Refused) and refused.reasons == {"add": "why"}
+    assert _torch_compat.past_dynamo(passed) is passed
