@@ -82,3 +82,12 @@ def test_an_iterator_given_as_a_default_serves_every_compile(seen):
     _compile_and_run()
     _compile_and_run()
     assert [o.target_compute_capabilities for o in seen] == [((8, 6),), ((8, 6),)]
+
+
+def test_explain_follows_the_defaults_as_a_compile_does(seen):
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 4)).eval()
+    x = torch.randn(2, 8)
+    assert "fp32-gemm-turing" not in str(rtx_backend.explain(model, x))
+    rtx_backend.set_default_options({"target_compute_capabilities": [(7, 5)]})
+    assert "fp32-gemm-turing" in str(rtx_backend.explain(model, x))  # FP32 GEMMs: not on Turing
+    assert "fp32-gemm-turing" not in str(rtx_backend.explain(model, x, options={"target_compute_capabilities": [(8, 6)]}))

@@ -34,6 +34,7 @@ from typing import Any
 import torch
 
 from .._backend import trtrtx
+from .._defaults import with_defaults
 from .._errors import RuntimeUnavailableError
 from .._options import Options
 from .._record import recording
@@ -112,7 +113,7 @@ def crosscheck(
     compiled model's outputs. Unnamed outputs get their dtype's default tolerance (the one
     first-call validation uses). An element fails only when it misses both atol and rtol.
     """
-    opts = dataclasses.replace(Options.from_dict(options), validate=False, engine_build="wait")
+    opts = dataclasses.replace(Options.from_dict(with_defaults(options)), validate=False, engine_build="wait")
     if opts.rest == "auto":  # every region a module call, as the rest in PyTorch makes them (hooks see each)
         opts = dataclasses.replace(opts, rest="pytorch")
     if isinstance(model, torch.nn.Module) and model.training:

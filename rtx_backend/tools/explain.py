@@ -32,6 +32,7 @@ from typing import Any
 import torch
 
 from .. import _targets, _torch_compat
+from .._defaults import with_defaults
 from .._options import Options
 from .._types import Reason, Target
 from ..assemble.rest import rest_choice
@@ -179,7 +180,7 @@ def explain(
     torch.compile's. `print(report)` starts with one line per rule that kept nodes in PyTorch,
     with what to do about it.
     """
-    opts = Options.from_dict(options)
+    opts = Options.from_dict(with_defaults(options))
     graphs: list[GraphInfo] = []
 
     def backend(gm: torch.fx.GraphModule, inputs: Sequence[Any]) -> Callable[..., Any]:

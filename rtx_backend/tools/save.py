@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 from .. import _torch_compat, _trt
+from .._defaults import with_defaults
 from .._errors import OptionsError, PackageError
 from .._options import Options
 from ..assemble import package_archive as _archive
@@ -80,7 +81,7 @@ def save(
     from ..assemble.graph import compile_regions
     from ..lower import lowering as _lowering
 
-    opts = dataclasses.replace(Options.from_dict(options), weights="frozen", validate=False,
+    opts = dataclasses.replace(Options.from_dict(with_defaults(options)), weights="frozen", validate=False,
                                engine_build="wait")
     args = (example_inputs,) if isinstance(example_inputs, torch.Tensor) else tuple(example_inputs)
     if not all(isinstance(a, torch.Tensor) for a in args):
