@@ -75,7 +75,11 @@ def lower(
     def inference_compiler(aten_gm: torch.fx.GraphModule, args: Sequence[Any]) -> Any:
         # aot_autograd calls us under its fake mode; export and build need real tensors.
         with _torch_compat.unset_fake_temporarily():
-            freeze(aten_gm, weights)
+            # a static tensor that the graph writes (a static KV cache, marked with
+            # mark_static_address as Hugging Face's StaticCache does) is state, not a weight: frozen,
+            # every call would look like changed weights
+            written = mutated_inputs(aten_gm)
+            freeze(aten_gm, {i: t for i, t in weights.items() if i not in written})
             views_to_reshapes(aten_gm)
             fn = compile_inference(aten_gm, args)
             compiled.append((fn, plain_calling_convention(aten_gm, len(example_inputs))))
@@ -152,6 +156,22 @@ def views_to_reshapes(gm: torch.fx.GraphModule) -> None:
             changed = True
     if changed:
         gm.recompile()
+
+
+def mutated_inputs(gm: torch.fx.GraphModule) -> set[int]:
+    """The indices of the graph's inputs that it writes in place (aot_autograd keeps an inference
+    graph's input mutations in the graph: copy_, index_copy_ and the like on the placeholder)."""
+    written = set()
+    for index, node in enumerate(n for n in gm.graph.nodes if n.op == "placeholder"):
+        for user in node.users:
+            schema = getattr(user.target, "_schema", None)  # OpOverload's schema (no public accessor)
+            if schema is None or not schema.is_mutable:
+                continue
+            given = dict(zip((a.name for a in schema.arguments), user.args)) | dict(user.kwargs)
+            if any(given.get(a.name) is node and a.alias_info is not None and a.alias_info.is_write
+                   for a in schema.arguments):
+                written.add(index)
+    return written
 
 
 def freeze(gm: torch.fx.GraphModule, weights: dict[int, torch.Tensor]) -> None:

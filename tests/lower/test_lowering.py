@@ -46,3 +46,43 @@ def test_slice_assignment_of_a_scalar_lowers():
     report = rtx_backend.explain(model, x, options={"target_compute_capabilities": [(8, 6)], "min_block_size": 1})
     assert not any(g.error for g in report.graphs)
     assert report.regions and not report.eager_nodes
+
+
+class _StaticState(torch.nn.Module):
+    """A plain tensor attribute marked static (as a static KV cache is) and written in place."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = torch.nn.Linear(8, 8)
+        self.state = torch.zeros(4, 8)
+        torch._dynamo.mark_static_address(self.state)
+
+    def forward(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        self.state.index_copy_(0, pos, self.proj(x))
+        return (self.state * 2).relu().sum(0)
+
+
+def test_a_static_tensor_the_graph_writes_is_state_not_a_weight():
+    """Frozen as a weight, the state would change on every call and look like changed weights
+    (each call in PyTorch while engines are rebuilt). It stays an input; the weights are frozen."""
+    import re
+
+    eager, compiled_model = _StaticState().eval(), _StaticState().eval()
+    compiled_model.load_state_dict(eager.state_dict())
+    compiled = torch.compile(compiled_model, backend="trtrtx", options={"min_block_size": 1, "engine_cache_dir": ""})
+    with torch.no_grad(), rtx_backend.recording() as rec:
+        for step in range(4):
+            x, pos = torch.randn(1, 8), torch.tensor([step])
+            torch.testing.assert_close(compiled(x, pos), eager(x, pos))
+    torch.testing.assert_close(compiled_model.state, eager.state)
+    assert rec.regions and all(r.runtime != "PyTorch" for r in rec.regions), str(rec)
+    assert not [k for k in rtx_backend.stats() if re.search(r"weight_(updates|refits|rebuilds|fallbacks)|rebuilds", k)]
+
+
+def test_mutated_inputs_names_the_placeholders_written_in_place():
+    graph = torch.fx.Graph()
+    state, x, _unused = graph.placeholder("state"), graph.placeholder("x"), graph.placeholder("w")
+    added = graph.call_function(torch.ops.aten.add.Tensor, (x, x))
+    graph.call_function(torch.ops.aten.copy_.default, (state, added))
+    graph.output(added)
+    assert _lowering.mutated_inputs(torch.fx.GraphModule(torch.nn.Module(), graph)) == {0}
