@@ -182,15 +182,23 @@ def measured(used: list[tuple[str, dict[str, Any]]], what: str, peer: bool = Fal
             + (f", Torch-TensorRT-RTX {', '.join(peers)}" if peers else "") + f"; {what} (bench/results: {files}):")
 
 
+def _latest(used: list[tuple[str, dict[str, Any]]], rows: Any, key: Any
+            ) -> tuple[dict[Any, tuple[str, dict[str, Any]]], list[tuple[str, dict[str, Any]]]]:
+    """Per `key(row)`, the last of the `rows(result)` of `used` (oldest first), with its file's
+    stem; and the results those rows come from."""
+    latest: dict[Any, tuple[str, dict[str, Any]]] = {}
+    for stem, r in used:
+        for row in rows(r):
+            latest[key(row)] = (stem, row)
+    stems = {s for s, _ in latest.values()}
+    return latest, [(s, r) for s, r in used if s in stems]
+
+
 def _latest_configs(used: list[tuple[str, dict[str, Any]]], wanted: Any = None) -> tuple[list[dict[str, Any]], list[str]]:
     """Per (model, batch, dtype), the last config of `used` that `wanted` accepts; and the files used."""
-    latest: dict[tuple[str, int, str], tuple[str, dict[str, Any]]] = {}
-    for stem, r in used:
-        for c in r.get("configs", []):
-            if wanted is None or wanted(c):
-                latest[(c["model"], c["shape"][0], c["dtype"])] = (stem, c)
-    stems = {s for s, _ in latest.values()}
-    return [c for _, c in latest.values()], [s for s, _ in used if s in stems]
+    latest, files = _latest(used, lambda r: [c for c in r.get("configs", []) if wanted is None or wanted(c)],
+                            lambda c: (c["model"], c["shape"][0], c["dtype"]))
+    return [c for _, c in latest.values()], [s for s, _ in files]
 
 
 def _ms(row: dict[str, Any]) -> str:
@@ -344,15 +352,12 @@ def zoo_calls_table(results: list[tuple[str, dict[str, Any]]]) -> str:
     """bench/probes/call_overhead.py: a call split into Dynamo's frame, trtrtx's own code and the
     engine, beside inductor reduce-overhead's code for the same graph."""
     used = _of_kinds(results, ("call-overhead", "call-overhead-small-batch"))
-    latest: dict[tuple[str, int], tuple[str, dict[str, Any]]] = {}
-    for stem, r in used:
-        for row in r.get("rows", []):
-            if "engine_ms" in row and "inductor_ro_backend_ms" in row:
-                latest[(row["model"], row["batch"])] = (stem, row)
+    latest, files = _latest(
+        used, lambda r: [row for row in r.get("rows", []) if "engine_ms" in row and "inductor_ro_backend_ms" in row],
+        lambda row: (row["model"], row["batch"]))
     if not latest:
         return "(no saved call-overhead result)"
-    stems = {s for s, _ in latest.values()}
-    lines = [measured([(s, r) for s, r in used if s in stems], "FP16, TensorRT-RTX's CUDA graphs, each model one "
+    lines = [measured(files, "FP16, TensorRT-RTX's CUDA graphs, each model one "
                       "region, CUDA-event medians of 100 calls, ms; without Dynamo: the callable the backend "
                       "returned, called directly"), "",
              "| model | batch | trtrtx call | without Dynamo | engine alone | inductor reduce-overhead call "
@@ -368,15 +373,13 @@ def zoo_calls_table(results: list[tuple[str, dict[str, Any]]]) -> str:
 def fastest_table(results: list[tuple[str, dict[str, Any]]]) -> str:
     """bench/rest.py: `fastest=True` (with rest="inductor" and CUDA graphs) against inductor reduce-overhead."""
     used = _of_kinds(results, ("rest-zoo-fastest-all", "rest-zoo-fastest-small"))
-    latest: dict[tuple[str, int], tuple[str, dict[str, Any]]] = {}
-    for stem, r in used:
-        for c in r.get("parts", {}).get("zoo", []):
-            if "median_ms" in c["backends"].get("trtrtx-fastest-cg", {}) and "median_ms" in c["backends"].get("inductor-ro", {}):
-                latest[(c["model"], c["shape"][0][0])] = (stem, c)
+    latest, files = _latest(
+        used, lambda r: [c for c in r.get("parts", {}).get("zoo", [])
+                         if all("median_ms" in c["backends"].get(b, {}) for b in ("trtrtx-fastest-cg", "inductor-ro"))],
+        lambda c: (c["model"], c["shape"][0][0]))
     if not latest:
         return "(no saved result of fastest)"
-    stems = {s for s, _ in latest.values()}
-    lines = [measured([(s, r) for s, r in used if s in stems], "FP16, median ms; fastest: `options={\"rest\": "
+    lines = [measured(files, "FP16, median ms; fastest: `options={\"rest\": "
                       "\"inductor\", \"fastest\": True, \"cuda_graph_strategy\": \"whole_graph_capture\"}`; ratio: "
                       "fastest / inductor reduce-overhead; cold: cold compile s, inductor reduce-overhead / fastest"), "",
              "| model | batch | inductor reduce-overhead | fastest | ratio | kept | cold "

@@ -35,10 +35,6 @@ class FrameDtypes:
             self._dtypes[frame] = dtypes
             return before
 
-    def reset(self) -> None:
-        with self._lock:
-            self._dtypes.clear()
-
 
 SEEN = FrameDtypes()
 
