@@ -586,6 +586,27 @@ def package_table(results: list[tuple[str, dict[str, Any]]]) -> str:
     return "\n".join(lines)
 
 
+def llm_table(results: list[tuple[str, dict[str, Any]]]) -> str:
+    """bench/llm.py's rows from the newest GPU result: ms per generated token of each backend."""
+    found = [(stem, r) for stem, r in results if stem.endswith("-llm") and _env(r).get("gpu") != "cpu"]
+    if not found:
+        return "(no LLM results yet: python bench/llm.py --gpu)"
+    stem, result = found[-1]
+    env = _env(result)
+    lines = [f"{_gpu(env['gpu'])}, TensorRT-RTX {version(result)}, torch {env['torch']}, transformers "
+             f"{env['transformers']}; FP16, batch 1, median ms per generated token (bench/results: `{stem}`):", "",
+             "| model | params | eager ms | inductor-ro ms | trtrtx ms | trtrtx / inductor-ro | tokens match |",
+             "|---|---|---|---|---|---|---|"]
+    for row in result.get("rows", []):
+        p = row["paths"]
+        cell = [f"{p[k]['ms_per_token']:.2f}" if k in p else "-" for k in ("eager", "inductor", "trtrtx")]
+        ratio = (f"{p['trtrtx']['ms_per_token'] / p['inductor']['ms_per_token']:.2f}x"
+                 if "trtrtx" in p and "inductor" in p else "-")
+        match = "yes" if all(p[k]["first"]["match"] and p[k]["second"]["match"] for k in p if k != "eager") else "no"
+        lines.append(f"| {row['model']} | {row['params_m']:.0f}M | {' | '.join(cell)} | {ratio} | {match} |")
+    return "\n".join(lines)
+
+
 def bench_table(results: list[tuple[str, dict[str, Any]]]) -> str:
     """The README's table with FP32 too (docs/performance.md)."""
     return readme_table(results, ("fp16", "float16", "torch.float16", "fp32", "float32", "torch.float32"))
@@ -594,7 +615,7 @@ def bench_table(results: list[tuple[str, dict[str, Any]]]) -> str:
 TABLES = {"readme": readme_table, "bench": bench_table, "zoo_gpu": zoo_gpu_table, "zoo_peer": zoo_peer_table, "zoo_cold": zoo_cold_table,
           "zoo_calls": zoo_calls_table, "zoo_cpu": zoo_cpu_table, "fastest": fastest_table, "starts": starts_table,
           "overhead": overhead_table, "rest": rest_table, "refit": refit_table, "weight_check": weight_check_table,
-          "package": package_table}
+          "package": package_table, "llm": llm_table}
 FILES = (ROOT / "README.md", *(ROOT / "docs" / f"{name}.md" for name in ("performance", "zoo", "rest", "weights", "deploy")))
 _BLOCK = re.compile(r"(<!-- report:(?P<name>\w+) -->\n)(?:.*?\n)??(<!-- /report -->)", re.S)
 

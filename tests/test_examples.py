@@ -27,6 +27,7 @@ EXPECTED = {
     "quickstart.py": ["trtrtx: 1 graph(s) compiled", "runs on",
                       "second start (compile + run)", "1 of 1 engine(s) loaded from the engine cache, none built"],
     "deploy.py": ["saved smallnet.pt2 for [(8, 6), (8, 9)]", "loaded and ran in", "max abs error vs FP32 eager"],
+    "llm_generate.py": ["greedy tokens equal to eager PyTorch's:", "first generate (compiles)", "1 graph(s) compiled"],
     "turing_targets.py": ["kept in PyTorch, by rule", "run the model in FP16", "fp32-gemm-turing", "conv3d-turing", "bf16-turing",
                           "float32   Ampere SM8.6: 1 region(s); kept in PyTorch: none"],
 }

@@ -16,6 +16,7 @@ from .. import _trt
 from .._errors import BuildError, TargetError
 from .._types import Profile, Target
 from ..export.model import OnnxModel, as_bytes, host_bytes
+from . import cache_writes
 
 log = logging.getLogger("rtx_backend")
 
@@ -44,7 +45,21 @@ class Network:
 def parse_network(model: bytes | OnnxModel) -> Network:
     """Parse the model; an in-memory model gives the parser its weights by pointer (see
     export/model.py), a serialized one goes through `parse`. Never raises for the model's content:
-    the parser's complaints are in `errors`."""
+    the parser's complaints are in `errors`. One-row KV cache writes become in-place updates
+    (build/cache_writes.py)."""
+    if cache_writes.supported():
+        rewritten, aliases = cache_writes.in_place(model)
+        if aliases:
+            parsed = _parse(rewritten)
+            if not parsed.errors:
+                log.debug("trtrtx: cache writes made in place: %s", aliases)
+                return parsed
+            log.debug("trtrtx: the parser refused the in-place cache writes (%s); they stay copies",
+                      "; ".join(parsed.errors))
+    return _parse(model)
+
+
+def _parse(model: bytes | OnnxModel) -> Network:
     if isinstance(model, OnnxModel) and model.skeleton is not None:
         parsed = _parse_weightless(model)
         if parsed is not None:

@@ -15,9 +15,10 @@ from typing import Any
 
 import torch
 
-from .. import _torch_compat
+from .. import _stats, _torch_compat
 from ..lower import decompositions as _decompositions
 from ..lower import exporter_ops as _exporter_ops
+from ..lower.cache_writes import scatter_cache_writes
 
 InferenceCompiler = Callable[[torch.fx.GraphModule, Sequence[Any]], Callable[..., Any]]
 
@@ -80,6 +81,9 @@ def lower(
             # every call would look like changed weights
             written = mutated_inputs(aten_gm)
             freeze(aten_gm, {i: t for i, t in weights.items() if i not in written})
+            rewritten = scatter_cache_writes(aten_gm, written)
+            if rewritten:
+                _stats.count("cache_writes_in_place", rewritten)
             views_to_reshapes(aten_gm)
             fn = compile_inference(aten_gm, args)
             compiled.append((fn, plain_calling_convention(aten_gm, len(example_inputs))))

@@ -24,7 +24,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from .. import _threads, _torch_compat, _trt
+from .. import _stats, _threads, _torch_compat, _trt
 from .._errors import CudaGraphError, RtxBackendError, RuntimeUnavailableError
 from .._options import Options
 from .._types import EngineData, OnnxRegion
@@ -218,6 +218,20 @@ class _Binding:
     scratch_bound: bool = False  # the executor's own scratch memory is the one set (uncaptured calls)
 
 
+def aliased_inputs(engine: Any, input_names: Sequence[str], output_names: Sequence[str]) -> dict[int, int]:
+    """{output index: input index} of the engine's outputs that share an input's memory
+    (TensorRT-RTX's KVCacheUpdate writes the cache input in place and names it as its output's alias)."""
+    lookup = getattr(engine, "get_aliased_input_tensor", None)
+    if lookup is None:
+        return {}
+    out = {}
+    for i, name in enumerate(output_names):
+        source = lookup(name)
+        if source and source in input_names:
+            out[i] = list(input_names).index(source)
+    return out
+
+
 def contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
     """The strides torch gives a new contiguous tensor of `shape` (a size-0 or size-1 dim counts
     as 1). Plain ints: torch's own helper checks its input with torch._check, whose first use
@@ -265,6 +279,10 @@ class TrtExecutor(Executor):
         self.input_names = [s.name for s in region.inputs]
         self.output_names = [s.name for s in region.outputs]
         self.output_dtypes = [torch_dtype(self.engine.get_tensor_dtype(n)) for n in self.output_names]
+        # outputs written into an input's memory (a KV cache updated in place): the input is the output
+        self.aliased = aliased_inputs(self.engine, self.input_names, self.output_names)
+        if self.aliased:
+            _stats.count("engine_outputs_in_place", len(self.aliased))
         self.device = torch.device("cuda", torch.cuda.current_device())
         self._errors: list[str] = _trt.logger().errors  # TensorRT-RTX's errors since the last clear
         self.lock = threading.Lock()
@@ -404,6 +422,7 @@ class TrtExecutor(Executor):
         # (an LLM's cache counter off by the prompt length). After the enqueue, the stream-ordered
         # allocator reuses them only for work that runs after the engine.
         held: list[torch.Tensor] = []
+        given: list[torch.Tensor] = []  # the inputs as bound
         for name, t in zip(self.input_names, tensors):
             if t.get_device() != index:  # an int compare: no torch.device on every call
                 t = t.to(self.device)
@@ -417,6 +436,7 @@ class TrtExecutor(Executor):
                     f"region {self.name}: TensorRT-RTX refused input shape {tuple(t.shape)} for {name} "
                     "(outside the engine's optimization profile)"
                 )
+            given.append(t)
             ptr = t.data_ptr()
             if addresses.get(name) != ptr:
                 ctx.set_tensor_address(name, ptr)
@@ -430,8 +450,11 @@ class TrtExecutor(Executor):
         outputs = []
         device = self.device
         fast = _empty_strided_cuda if index is not None and _torch_compat.cuda_current_device() == index else None
-        for name, (shape, strides, dtype) in zip(self.output_names, b.output_specs):
-            if fast is not None:
+        aliased = self.aliased
+        for index_out, (name, (shape, strides, dtype)) in enumerate(zip(self.output_names, b.output_specs)):
+            if index_out in aliased:
+                out = given[aliased[index_out]]
+            elif fast is not None:
                 out = fast(shape, strides, dtype)
             else:
                 out = torch.empty_strided(shape, strides, dtype=dtype, device=device)

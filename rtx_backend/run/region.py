@@ -172,9 +172,15 @@ class RegionModule(torch.nn.Module):
     def reference_while_pending(self, runner: Executor, args: Sequence[Any]) -> tuple[torch.Tensor, ...] | None:
         """PyTorch's results for the first-call check, computed while the engine's contexts are
         still being made on the setup thread (a cold engine's take a second or more: TensorRT-RTX
-        compiles its kernels), so that the two overlap. None when the contexts are ready, during
-        a CUDA graph capture, or if PyTorch fails here (first_call then runs it and says why)."""
-        if not (runner.pending() and self.validated_executor is not runner):
+        compiles its kernels), so that the two overlap; and always for an executor that writes its
+        inputs in place (PyTorch must see their values from before the call). None when the
+        contexts are ready, during a CUDA graph capture, or if PyTorch fails here (first_call then
+        runs it and says why)."""
+        if self.validated_executor is runner:
+            return None
+        # an engine that writes its inputs in place (a KV cache) must be checked against PyTorch's
+        # results on the inputs as they were: computed first, whether or not the contexts are ready
+        if not (runner.pending() or getattr(runner, "aliased", None)):
             return None
         if capturing(args):
             return None
