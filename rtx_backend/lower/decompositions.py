@@ -94,10 +94,52 @@ def _avg_pool2d(
     return x.mean((-2, -1), keepdim=True)
 
 
+_HALF = (torch.float16, torch.bfloat16)
+
+
+def _float(t: torch.Tensor | None) -> torch.Tensor | None:
+    return None if t is None else t.float()
+
+
+def _group_norm(
+    x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, n: Any, c: Any, hxw: Any,
+    group: int, eps: float,
+) -> Any:
+    """A half-precision group norm computed in FP32 and rounded once, as PyTorch's kernels do.
+
+    PyTorch's group norm keeps its statistics (and applies the weight and bias) in FP32 for FP16
+    and bfloat16 inputs. The exporter translates the kernel as an InstanceNormalization in the
+    input's dtype (ONNX's GroupNormalization takes stash_type from opset 21 only), so TensorRT-RTX
+    would compute mean and variance in FP16: an SD VAE decoder's engine then missed PyTorch's FP16
+    result by 4x PyTorch's own error. The same kernel on FP32 casts of its inputs exports as an
+    FP32 InstanceNormalization between Casts. Other dtypes keep the kernel as it is."""
+    if x.dtype not in _HALF:
+        return NotImplemented
+    out, mean, rstd = aten.native_group_norm.default(x.float(), _float(weight), _float(bias), n, c, hxw, group, eps)
+    return out.to(x.dtype), mean.to(x.dtype), rstd.to(x.dtype)
+
+
+def _batch_statistics_norm(
+    x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, training: bool, momentum: float,
+    eps: float,
+) -> Any:
+    """A half-precision batch norm over the batch's own statistics (what instance norm without
+    running statistics lowers to) computed in FP32, as PyTorch's kernels compute it: exported as
+    it is, its mean and variance are FP16 ReduceMeans. The saved statistics stay FP32, the dtype
+    PyTorch gives them."""
+    if x.dtype not in _HALF:
+        return NotImplemented
+    out, mean, rstd = aten._native_batch_norm_legit.no_stats(
+        x.float(), _float(weight), _float(bias), training, momentum, eps)
+    return out.to(x.dtype), mean, rstd
+
+
 TABLE: dict[Any, Callable[..., Any]] = {
     aten._cdist_forward.default: _cdist_forward,  # the exporter has no cdist
     aten._transformer_encoder_layer_fwd.default: _encoder_layer,
     aten.avg_pool2d.default: _avg_pool2d,  # the parser rejects windows larger than the input
+    aten.native_group_norm.default: _group_norm,  # FP32 statistics for FP16 and bfloat16, as in PyTorch
+    aten._native_batch_norm_legit.no_stats: _batch_statistics_norm,  # (instance norm) the same
 }
 
 

@@ -97,3 +97,81 @@ def test_a_whole_map_average_pool_lowers_and_builds(dtype):
     torch.testing.assert_close(out, model(x), atol=2e-3, rtol=2e-3)
     assert [r.kind for r in regions()] == ["onnxruntime"] and regions()[0].engine is not None
     assert len(_LAST[0].plan.eager_ops) == 0
+
+
+class Norms(torch.nn.Module):
+    """A VAE or UNet block in small: a convolution, GroupNorm, SiLU, then LayerNorm over channels;
+    an InstanceNorm too (a batch norm over the batch's own statistics once lowered)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.conv = torch.nn.Conv2d(8, 16, 3, padding=1)
+        self.group_norm = torch.nn.GroupNorm(4, 16)
+        self.instance_norm = torch.nn.InstanceNorm2d(16, affine=True)
+        self.layer_norm = torch.nn.LayerNorm(16)
+
+    def forward(self, x):
+        y = torch.nn.functional.silu(self.group_norm(self.conv(x)))
+        y = self.instance_norm(y * 10 + 50)
+        return self.layer_norm(y.flatten(2).transpose(1, 2))
+
+
+def _statistics(dump_dir) -> list[tuple[str, int, int | None]]:
+    """(op, dtype of its input, stash_type) of every normalization and reduction node of the
+    dumped ONNX model."""
+    import onnx
+
+    (path,) = dump_dir.glob("*.onnx")
+    graph = onnx.shape_inference.infer_shapes(onnx.load(str(path))).graph
+    dtypes = {v.name: v.type.tensor_type.elem_type for v in [*graph.input, *graph.value_info, *graph.output]}
+    dtypes.update({i.name: i.data_type for i in graph.initializer})
+    return [(node.op_type, dtypes[node.input[0]], next((a.i for a in node.attribute if a.name == "stash_type"), None))
+            for node in graph.node if node.op_type.endswith("Normalization") or node.op_type.startswith("Reduce")]
+
+
+def test_fp16_normalization_statistics_are_computed_in_fp32(tmp_path):
+    """PyTorch's group, instance and layer norms keep their statistics in FP32 for FP16 inputs;
+    the ONNX model must say so too, or TensorRT-RTX computes mean and variance in FP16 (an SD VAE
+    decoder's engine missed PyTorch's FP16 result by 4x PyTorch's own error, and validation
+    rejected it). The region stays FP16 around the norms, and still builds for Turing."""
+    import onnx
+
+    model = Norms().eval()
+    x = torch.randn(2, 8, 6, 6)
+    with torch.no_grad():
+        reference = model(x)
+    model.half()
+    out = compile_and_run(model, x.half(), target_compute_capabilities=[(7, 5), (8, 6)],
+                          dump_onnx_dir=str(tmp_path))
+    assert out.dtype == torch.float16 and len(regions()) == 1 and regions()[0].engine is not None
+    torch.testing.assert_close(out.float(), reference, atol=2e-2, rtol=2e-2)
+    found = _statistics(tmp_path)
+    assert {"InstanceNormalization", "BatchNormalization", "LayerNormalization", "ReduceMean"} <= {
+        op for op, _, _ in found}, found
+    for op, dtype, stash in found:
+        if op == "LayerNormalization":  # statistics in stash_type (1, FP32, when left out)
+            assert stash in (None, onnx.TensorProto.FLOAT), found
+        else:  # no stash_type (GroupNormalization's comes with opset 21): its input's dtype
+            assert dtype == onnx.TensorProto.FLOAT, found
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_a_half_precision_group_norm_is_the_fp32_kernel_rounded_once(dtype):
+    x, weight, bias = (t.to(dtype) for t in (torch.randn(2, 16, 5, 5) * 20 + 300, torch.randn(16), torch.randn(16)))
+    got = _decompositions._group_norm(x, weight, bias, 2, 16, 25, 4, 1e-5)
+    assert [t.dtype for t in got] == [dtype] * 3
+    expected = torch.ops.aten.native_group_norm.default(x.float(), weight.float(), bias.float(), 2, 16, 25, 4, 1e-5)
+    for g, e in zip(got, expected):
+        torch.testing.assert_close(g, e.to(dtype), atol=0, rtol=0)
+    assert _decompositions._group_norm(x.float(), weight.float(), bias.float(), 2, 16, 25, 4, 1e-5) is NotImplemented
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_a_half_precision_batch_statistics_norm_is_the_fp32_kernel_rounded_once(dtype):
+    x, weight, bias = (t.to(dtype) for t in (torch.randn(1, 8, 5, 5) * 20 + 300, torch.randn(8), torch.randn(8)))
+    got = _decompositions._batch_statistics_norm(x, weight, bias, True, 0.1, 1e-5)
+    expected = torch.ops.aten._native_batch_norm_legit.no_stats(x.float(), weight.float(), bias.float(), True, 0.1, 1e-5)
+    assert [t.dtype for t in got] == [dtype, torch.float32, torch.float32]  # the meta kernel's dtypes
+    torch.testing.assert_close(got[0], expected[0].to(dtype), atol=0, rtol=0)
+    assert _decompositions._batch_statistics_norm(x.float(), None, None, True, 0.1, 1e-5) is NotImplemented
