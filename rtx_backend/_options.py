@@ -120,6 +120,14 @@ class Options:
     """With rest="inductor": time each region's engine against inductor's code for it on its
     first calls and keep the faster (the decision is stored beside the engine, per GPU and
     driver). See docs/rest.md."""
+    truncate_double: bool = False
+    """Lower float64 nodes too, computed in float32 inside the engines (TensorRT-RTX has no FP64):
+    a float64 value that enters or leaves a region is cast at its edge, so PyTorch's side keeps
+    float64, and first-call validation checks each such engine against PyTorch's float64. Off by
+    default: float64 in a model is mostly there on purpose (rotary tables of long sequences,
+    masks at float64's extremes), and float32 changes those numbers; the float64 nodes then stay
+    in PyTorch (rule fp64). On for a model whose float64 is glue (diffusers' Flux computes its
+    rotary tables in float64): one region instead of a split around them."""
 
     def __post_init__(self) -> None:
         # Validate (and normalize) here rather than in from_dict, so that Options(...) and
@@ -419,6 +427,7 @@ _VALIDATORS: dict[str, Any] = {
     "rest": _choice(RESTS),
     "compile_threads": _optional(_int_at_least(1)),
     "fastest": _bool,
+    "truncate_double": _bool,
 }
 
 

@@ -90,6 +90,8 @@ BAD_VALUES = [
     ("compile_threads", "all", "integer >= 1"),
     ("fastest", "yes", "True or False"),
     ("fastest", True, "needs rest='inductor'"),
+    ("truncate_double", "yes", "True or False"),
+    ("truncate_double", 1, "True or False"),
 ]
 
 

@@ -27,6 +27,7 @@ from .. import _stats, _torch_compat
 from .._errors import BuildError
 from .._log import say_once
 from .._types import OnnxRegion, TensorSpec
+from ..export.doubles import truncate_doubles
 from ..export.model import OnnxModel
 from ..export.optimize import optimize as optimize_program
 from ..export.program import direct_program
@@ -381,6 +382,7 @@ def export_region(gm: torch.fx.GraphModule, *, optimize: bool = True, keep_weigh
     PyTorch (the optimizer folds nothing into it), so that new weights can replace it: see
     assemble/weights.py."""
     tensor_args = tensors_only(gm)
+    truncate_doubles(gm)  # (float64 reaches a region only with truncate_double)
     unfuse_attention(gm)
     expand_grouped_attention(gm)
     unbroadcast_weight_matmuls(gm)

@@ -13,7 +13,8 @@ FIXES: dict[str, str] = {
     "bf16-turing": "run the model in FP16 instead of bfloat16; or leave (7, 5) out of target_compute_capabilities",
     "fp8": "declare only SM 8.9 and newer targets, or run the model in FP16",
     "fp4": "declare only SM 12.0 and newer targets, or run the model in FP16",
-    "fp64": "run the model in float32 or float16",
+    "fp64": "run the model in float32 or float16; or set truncate_double=True (float64 computed in float32 "
+            "inside the engines)",
     "fp64-scalar": "set torch._dynamo.config.specialize_float = True (Python floats become constants), "
                    "or leave it: exact float64 arithmetic on scalars costs little in PyTorch",
     "strided-dilated-conv-transpose": "nothing: TensorRT-RTX builds no transposed convolution that is both "

@@ -17,7 +17,8 @@ from torch.fx.passes.utils.fuser_utils import fuse_by_partitions
 from .. import _targets
 from .._options import Options
 from .._types import Reason
-from ..plan.policy import CapabilitySupport
+from ..plan.doubles import float32_boundaries
+from ..plan.policy import RULES, CapabilitySupport
 
 REGION_PREFIX = "trtrtx_region_"
 # Nodes that cost nothing in PyTorch, so they do not count towards min_block_size.
@@ -131,6 +132,11 @@ def plan_graph(
     aten_gm: torch.fx.GraphModule, options: Options, refused: dict[str, Reason] | None = None
 ) -> PartitionPlan:
     """Policy and partition (no build): shared by compilation and `explain`. `refused`: nodes
-    the ONNX screen keeps in PyTorch (see compile_regions)."""
-    support = CapabilitySupport(_targets.policy_targets(options), options.torch_executed_ops, refused=refused)
-    return partition(aten_gm, support, options.min_block_size)
+    the ONNX screen keeps in PyTorch (see compile_regions). With truncate_double, float64 nodes
+    join regions, cast to float32 at the regions' edges (plan/doubles.py)."""
+    rules = tuple(r for r in RULES if r.name != "fp64") if options.truncate_double else RULES
+    support = CapabilitySupport(_targets.policy_targets(options), options.torch_executed_ops, rules, refused)
+    plan = partition(aten_gm, support, options.min_block_size)
+    if options.truncate_double:
+        float32_boundaries(plan.graph_module, plan.regions)
+    return plan
