@@ -5,7 +5,10 @@ one worker thread builds its engine again or refits it from a snapshot of the ne
 engine takes over once it is ready, and its first call is validated as a new engine's is. Each
 change of a region's weights starts a new generation of it: an update that a later change
 overtook is dropped (skipped if it has not started), so that only the newest weights are built.
-`wait_for_updates()` waits until every update submitted so far has finished. The same thread
+`wait_for_updates()` waits until every update submitted so far has finished. The update of a
+weight replaced by another tensor can be held until the next call shows whether the graph is
+shared by several sets of weights (assemble/shared.py); `wait_for_updates()` starts the held
+ones first. The same thread
 builds the engines that option engine_build="background" leaves behind the compile
 (background.py), so it waits for those too.
 """
@@ -16,6 +19,7 @@ import concurrent.futures
 import logging
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -33,6 +37,7 @@ class Updates:
         self.worker = _threads.Pool(1, "trtrtx-weights")
         self.pending: set[concurrent.futures.Future[Any]] = set()
         self.deferred = threading.local()  # this thread's jobs, submitted once its call has run
+        self.held: weakref.WeakKeyDictionary[Any, list[Callable[[], Any]]] = weakref.WeakKeyDictionary()
 
     def submit(self, job: Callable[[], Any]) -> concurrent.futures.Future[Any]:
         # pending from the moment it is queued (a wait on another thread waits for it); at exit the
@@ -55,6 +60,26 @@ class Updates:
             for job in jobs:
                 self.submit(job)
 
+    def hold(self, owner: Any) -> None:
+        """Hold this thread's deferred jobs under `owner` instead of submitting them after the call."""
+        jobs = getattr(self.deferred, "jobs", None)
+        if jobs:
+            self.deferred.jobs = []
+            with self.lock:
+                self.held.setdefault(owner, []).extend(jobs)
+
+    def release(self, owner: Any) -> None:
+        """Submit the jobs held under `owner`."""
+        with self.lock:
+            jobs = self.held.pop(owner, [])
+        for job in jobs:
+            self.submit(job)
+
+    def drop(self, owner: Any) -> None:
+        """Forget the jobs held under `owner` (what they would bring up to date is made anew)."""
+        with self.lock:
+            self.held.pop(owner, None)
+
     def _finished(self, future: concurrent.futures.Future[Any]) -> None:
         with self.lock:
             self.pending.discard(future)
@@ -64,6 +89,10 @@ class Updates:
     def wait(self, timeout: float | None = None) -> bool:
         """Wait for every update submitted so far (and any they submit); False on timeout."""
         deadline = None if timeout is None else time.monotonic() + timeout
+        with self.lock:
+            owners = list(self.held.keys())
+        for owner in owners:
+            self.release(owner)
         while True:
             with self.lock:
                 pending = list(self.pending)

@@ -43,25 +43,20 @@ from .._log import one_line
 from .._options import Options
 from .._types import OnnxRegion
 from ..cache.engines import fetch_attr
-from ..export.bridge import EXPORTED_AS, FROZEN
+from ..export.bridge import EXPORTED_AS
 from ..export.initializers import initializer_specs, initializer_value, spec, with_weights
 from ..lower.lowering import is_weight
 from ..run.executors import OrtExecutor, TorchExecutor, TrtExecutor, stream_capturing
 from ..run.region import RegionModule, picker
 from ..run.validation import RECHECKS
 from .region import checked
+from .shared import WeightSets, switch
+from .shared_graph import frozen_index
 from .updates import UPDATES
 
 log = logging.getLogger("rtx_backend")
 
-_FROZEN = FROZEN  # lowering's name of Dynamo input i frozen as a constant
 _VERSION = operator.attrgetter("_version")
-
-
-def frozen_index(target: str) -> int | None:
-    """The Dynamo input index of a constant named by lowering's freeze; None for other constants."""
-    match = _FROZEN.search(target)
-    return int(match.group(1)) if match else None
 
 
 def guard_weights(
@@ -71,10 +66,13 @@ def guard_weights(
     eager: Callable[..., Any],
     options: Options,
     overrides: Callable[[], dict[str, Any]],
+    direct: torch.fx.GraphModule | None = None,
 ) -> Callable[..., Any]:
     """`fn` behind a weight check (weights checked, `region.checked`, and a weight was frozen), else
     `fn`. `eager`: Dynamo's graph, run when a weight changes in a way no engine can follow;
-    `overrides`: the dynamic-shape overrides, for a region that must be built again."""
+    `overrides`: the dynamic-shape overrides, for a region that must be built again; `direct`: the
+    partitioned graph when it computes `fn`'s results from Dynamo's inputs as they are (a graph
+    that several sets of weights share is made anew from it: shared.py)."""
     if not checked(options) or not roots:
         return fn
     used = sorted({i for root in roots for i in _frozen_uses(root)
@@ -82,7 +80,7 @@ def guard_weights(
     if not used:
         return fn
     count_fused_steps()
-    return WeightGuard(fn, list(roots), example_inputs, used, eager, options, overrides)
+    return WeightGuard(fn, list(roots), example_inputs, used, eager, options, overrides, direct)
 
 
 class FusedSteps:
@@ -138,20 +136,18 @@ class WeightGuard:
         eager: Callable[..., Any],
         options: Options,
         overrides: Callable[[], dict[str, Any]],
+        direct: torch.fx.GraphModule | None = None,
     ) -> None:
         self.fn = fn
         self.autocast_off = getattr(fn, "autocast_off", False)
         self.roots = roots
+        self.direct = direct
+        self.sets = WeightSets(self)  # several sets of weights calling this one graph? (shared.py)
         self.eager = eager
         self.options = options
         self.overrides = overrides
-        self.indices = tuple(used)
-        self.pick = picker(used)
-        self.tensors: tuple[torch.Tensor, ...] = tuple(example_inputs[i] for i in used)
         self.vindices: tuple[int, ...] = ()
-        self.vpick = picker(())
-        self.versions: tuple[int, ...] = ()
-        self._track(self.tensors)
+        self._watch(used, example_inputs)
         self.lock = threading.Lock()
         self.capture_said = False
         # check while the GPU runs the call (run_then_check): None until the first call has shown
@@ -159,8 +155,15 @@ class WeightGuard:
         self.overlap: bool | None = None
         self.on_cuda = any(t.is_cuda for t in self.tensors)  # (a capture is possible: checked per call)
         self.rechecks = RECHECKS.count  # executors armed for a recheck when this last checked first
+
+    def _watch(self, used: Sequence[int], inputs: Sequence[Any]) -> None:
+        """Check the weights at Dynamo input indices `used`, as they are in `inputs`, from now on."""
+        self.indices = tuple(used)
+        self.pick = picker(used)
+        self.tensors: tuple[torch.Tensor, ...] = tuple(inputs[i] for i in used)
+        self._track(self.tensors)
         # the constant each index is frozen as (the object to rebind when a parameter is replaced)
-        found = _all_constants(roots)
+        found = _all_constants(self.roots)
         self.frozen = {i: found.get(i) for i in used}
 
     def _track(self, weights: Sequence[torch.Tensor], versions: dict[int, int] | None = None) -> None:
@@ -201,6 +204,8 @@ class WeightGuard:
         self.rechecks = RECHECKS.count
         if not self.same(args):
             return self.refreshed_call(args)
+        if self.sets.swapped:  # the weights swapped by the last call stay: a replacement, whose update starts
+            self.sets.settled()
         out = self.fn(*args)
         if self.overlap is None and not (self.on_cuda and stream_capturing()):
             # a graph that does not move its own weights' versions (no buffer updated in place, as
@@ -264,7 +269,12 @@ class WeightGuard:
                 return True
             # (a function that reads the live weights, as inductor's code for Dynamo's graph does
             # once option fastest keeps it, leaves the regions it no longer runs as they are)
-            if not getattr(self.fn, "reads_live_weights", False):
+            live = getattr(self.fn, "reads_live_weights", False)
+            shared = None if live else self.sets.seen(changed, by_index, old)
+            if shared is not None:
+                self._share(shared, args)
+                return True
+            if not live:
                 for i in changed:
                     if by_index[i] is not old[i]:
                         self._rebind(i, by_index[i])
@@ -274,7 +284,28 @@ class WeightGuard:
             self.tensors, self.versions = tuple(weights), versions
             if replaced:
                 self._track(self.tensors, now)
+            if self.sets.swapped:  # its updates wait for the next call, which tells whether it was a swap
+                self.sets.hold()
+                self.rechecks = -1  # (that call checks before it runs)
             return True
+
+    def _share(self, shared: frozenset[int], args: Sequence[Any]) -> None:
+        """Several sets of weights call this graph: its regions take them as inputs from now on."""
+        direct = self.direct
+        if direct is None or len(list(direct.graph.find_nodes(op="placeholder"))) != len(args):
+            log.warning("trtrtx: this graph is called with other weights on every call (one graph for several blocks "
+                        "of the model, as regional compilation makes), and its compiled form cannot take them as "
+                        "inputs (lowering changed its calling convention); it runs in PyTorch from now on")
+            _stats.count("weight_fallbacks")
+            self.fn = self.eager
+            self.indices, self.pick, self.tensors = (), picker(()), ()
+            self.vindices, self.vpick, self.versions = (), picker(()), ()
+            return
+        self.fn, self.direct = switch(direct, shared, self.options, self.overrides)
+        self.autocast_off = getattr(self.fn, "autocast_off", False)
+        self.roots = [self.direct]
+        self._watch(sorted(i for i in _frozen_uses(self.direct) if i < len(args) and is_weight(args[i])), args)
+        self.overlap = None
 
     def _update(self, module: RegionModule, changed: set[int]) -> None:
         constants = _constants(module.graph_module)

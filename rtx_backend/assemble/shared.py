@@ -1,0 +1,173 @@
+"""One compiled graph, several sets of weights: regional compilation.
+
+diffusers' `compile_repeated_blocks` (and `torch.compile` of each block of a ModuleList) makes
+Dynamo compile one graph for a block class, whose parameters are graph inputs, and call it with
+each block's own parameters. Lowering froze the first block's weights into the regions; every
+call of another block then brings other tensor objects in their place, which the weight guard
+(weights.py) would take for a change and build the engines again for, on every call.
+
+`WeightSets` tells the two apart: a weight replaced by another weight (a parameter or buffer) of
+the same shape, dtype and device on two calls in a row, each bringing other tensors than the call
+before (block 1, block 2, block 1 again; or blocks 1, 2, 3) is a graph shared by several sets of
+weights. A model whose parameter was replaced (`m.weight = nn.Parameter(...)`) calls on with the
+new one: the update held after the first call (updates.Updates.hold) is then started, one call
+late. A change in place (an optimizer step, `load_state_dict`) is never a swap.
+
+The graph is then switched, once, to regions that take those weights as engine inputs
+(`switch`, with shared_graph.weights_as_inputs): exported with them as ONNX graph inputs, built
+once (on the update thread, PyTorch running the new regions meanwhile; in the call with
+weight_update="wait" or strict), keyed by the graph and not by one block's values; from then on
+a call passes its block's tensors to the engines, and a new set costs nothing. Weights that every
+call shares (the same tensor objects) stay frozen and checked.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import time
+from collections.abc import Callable, Collection, Sequence
+from typing import Any
+
+import torch
+
+from .. import _host, _record, _stats
+from .._errors import RegionRefused
+from .._log import one_line
+from .._options import Options
+from ..cache import engines as _engine_cache
+from ..lower.lowering import is_weight, without_autocast
+from ..run.executors import TorchExecutor
+from ..run.region import RegionModule, direct_forward, region_device
+from ..run.validation import RECHECKS
+from . import rest as _rest
+from .region import compile_region
+from .shared_graph import weights_as_inputs
+from .updates import UPDATES
+
+log = logging.getLogger("rtx_backend")
+
+BUILDING = ("it is called with several sets of weights (one graph for several blocks): PyTorch runs it until its "
+            "engine, which takes the weights as inputs, is built")
+
+
+class WeightSets:
+    """Whether the calls of one graph (its weight guard: `owner`) swap its weights for other
+    weights, call after call. The updates of a first swap are held until the next call tells."""
+
+    def __init__(self, owner: Any) -> None:
+        self.owner = owner
+        self.swapped: frozenset[int] = frozenset()  # what the last call swapped, when it did
+
+    def seen(self, changed: Sequence[int], by_index: dict[int, Any], old: dict[int, Any]) -> frozenset[int] | None:
+        """A call that changed the weights at `changed` (`old` -> `by_index`): the inputs that
+        several sets share, when this call swapped weights as the call before did; else None."""
+        swap = bool(changed) and all(by_index[i] is not old[i] and is_weight(by_index[i]) for i in changed)
+        if swap and self.swapped:
+            shared, self.swapped = self.swapped | frozenset(changed), frozenset()
+            UPDATES.drop(self.owner)  # (the regions that would take one block's weights are made anew)
+            return shared
+        self.settled()
+        self.swapped = frozenset(changed) if swap else frozenset()
+        return None
+
+    def hold(self) -> None:
+        """Hold the updates that this call's swap deferred, until the next call (or a wait)."""
+        UPDATES.hold(self.owner)
+
+    def settled(self) -> None:
+        """The last swap was a replacement (not one of several sets): its updates start."""
+        if self.swapped:
+            self.swapped = frozenset()
+            UPDATES.release(self.owner)
+
+
+def switch(
+    direct: torch.fx.GraphModule, shared: Collection[int], options: Options, overrides: Callable[[], dict[str, Any]],
+) -> tuple[Callable[..., Any], torch.fx.GraphModule]:
+    """The compiled graph whose regions take the weights `shared` as inputs, and its partitioned
+    graph: made from `direct` (a partitioned graph that takes Dynamo's inputs as they are), its
+    regions' engines built on the update thread (PyTorch runs them meanwhile) or, with
+    weight_update="wait" or strict, now."""
+    start = time.perf_counter()
+    options = _rest.for_regions(options)
+    gm, graphs = weights_as_inputs(direct, shared)
+    now = options.weight_update == "wait" or options.strict
+    made: dict[str, RegionModule] = {}
+    for name, region_gm in graphs.items():
+        old = getattr(direct, name)
+        with UPDATES.swap:
+            old.generation += 1  # an update of its frozen weights still under way is dropped
+        module = _compiled(name, region_gm, options, overrides()) if now else _later(name, region_gm, options, overrides)
+        setattr(gm, name, module)
+        made[name] = module
+    torch.fx.GraphModule.recompile(gm)  # (graph.generate_code: its real code, not a lazy stub)
+    _follow_record(direct, gm, made)
+    _stats.count("shared_weight_graphs")
+    log.info("trtrtx: this graph is called with %d weight(s) swapped for other weights on every call (one graph for "
+             "several blocks of the model, as regional compilation makes): %d region(s) take them as inputs from now "
+             "on, %s%s", len(shared), len(made),
+             f"built in {time.perf_counter() - start:.2f}s" if now else "built in the background (PyTorch runs them "
+             "meanwhile)", "; the rest of the graph runs in PyTorch" if options.rest != "pytorch" else "")
+    return without_autocast(direct_forward(gm)), gm
+
+
+def _compiled(name: str, region_gm: torch.fx.GraphModule, options: Options, overrides: dict[str, Any]) -> RegionModule:
+    """The region with weights as inputs, compiled now; in PyTorch where that fails."""
+    try:
+        with _engine_cache.digest_scope(), _host.sharing():  # (the bridge edits the graph it exports: a copy)
+            return compile_region(name, torch.fx.GraphModule(region_gm, copy.deepcopy(region_gm.graph)), overrides,
+                                  options)
+    except RegionRefused as exc:  # the parser wants some of them as constants
+        if options.strict:
+            raise
+        log.warning("trtrtx: region %s runs in PyTorch: with its weights as inputs, %s", name, one_line(exc))
+        module = RegionModule(name, region_gm, None, None, TorchExecutor(region_gm))
+        module.why = f"with its weights as inputs, {one_line(exc)}"
+        return module
+
+
+def _later(name: str, region_gm: torch.fx.GraphModule, options: Options,
+           overrides: Callable[[], dict[str, Any]]) -> RegionModule:
+    """The region with weights as inputs, run by PyTorch until its engine, compiled on the update
+    thread, takes over (validated on its first call, as every new engine is)."""
+    module = RegionModule(name, region_gm, None, None, TorchExecutor(region_gm), device=region_device(region_gm))
+    module.why = BUILDING
+    module.building = True
+    generation = module.generation
+
+    def build() -> None:
+        from .weights import current_values, update_region
+
+        started = time.perf_counter()
+        fresh = _compiled(name, region_gm, options, overrides())
+        with UPDATES.swap:
+            changed = module.generation != generation  # a frozen weight it still reads changed meanwhile
+            module.engine_source = fresh.engine_source
+            module.why = BUILDING if changed else fresh.why
+            module.take(fresh, run=not changed)
+            if changed and not fresh.executor.reference:  # it takes them as after any change
+                module.updating = fresh.executor
+            module.building = False
+        if changed:
+            try:
+                update_region(module, current_values(module), options, lambda: overrides())
+            finally:
+                UPDATES.start_deferred()
+            return
+        RECHECKS.arm()
+        log.info("trtrtx: region %s: its engine, which takes the weights as inputs, built in the background in "
+                 "%.2fs, runs it now (%s)", name, time.perf_counter() - started, module.kind)
+
+    UPDATES.submit(build)
+    return module
+
+
+def _follow_record(direct: torch.fx.GraphModule, gm: torch.fx.GraphModule, made: dict[str, RegionModule]) -> None:
+    """`recording()`'s record of the graph lists the regions that run it now."""
+    graph = _record.of_graph(direct)
+    if graph is None:
+        return
+    graph.regions[:] = [made.get(getattr(m, "name", ""), m) for m in graph.regions]
+    _record.follow(gm, graph)
+
