@@ -26,6 +26,7 @@ from __future__ import annotations
 import copy
 import logging
 import time
+import weakref
 from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
@@ -42,7 +43,7 @@ from ..run.region import RegionModule, direct_forward, region_device
 from ..run.validation import RECHECKS
 from . import rest as _rest
 from .region import compile_region
-from .shared_graph import weights_as_inputs
+from .shared_graph import frozen_uses, weights_as_inputs
 from .updates import UPDATES
 
 log = logging.getLogger("rtx_backend")
@@ -52,34 +53,68 @@ BUILDING = ("it is called with several sets of weights (one graph for several bl
 
 
 class WeightSets:
-    """Whether the calls of one graph (its weight guard: `owner`) swap its weights for other
-    weights, call after call. The updates of a first swap are held until the next call tells."""
+    """Whether the calls of one graph swap its weights for other weights, call after call.
 
-    def __init__(self, owner: Any) -> None:
-        self.owner = owner
-        self.swapped: frozenset[int] = frozenset()  # what the last call swapped, when it did
+    A swap (every changed weight replaced by another weight of its spec) whose weights swapped
+    away live on (another block holds them) parks the regions that read them: PyTorch runs them
+    with the call's weights, and no engine is built for one block. The call that brings back a
+    weight swapped away before tells that several sets share the graph (`returning`); a call
+    that keeps its weights, a change of another kind, or a wait for updates tells that it was a
+    replacement, and the parked regions are brought up to date then (`settle`)."""
 
-    def seen(self, changed: Sequence[int], by_index: dict[int, Any], old: dict[int, Any]) -> frozenset[int] | None:
-        """A call that changed the weights at `changed` (`old` -> `by_index`): the inputs that
-        several sets share, when this call swapped weights as the call before did; else None."""
-        swap = bool(changed) and all(by_index[i] is not old[i] and is_weight(by_index[i]) for i in changed)
-        if swap and self.swapped:
-            shared, self.swapped = self.swapped | frozenset(changed), frozenset()
-            UPDATES.drop(self.owner)  # (the regions that would take one block's weights are made anew)
-            return shared
-        self.settled()
-        self.swapped = frozenset(changed) if swap else frozenset()
-        return None
+    def __init__(self) -> None:
+        self.gone: dict[int, weakref.ReferenceType[torch.Tensor]] = {}  # weights swapped away, by id
+        self.swapped: set[int] = set()  # the inputs swapped since the last call that kept them
+        self.parked: set[int] = set()  # the inputs whose regions wait for an update (in PyTorch meanwhile)
 
-    def hold(self) -> None:
-        """Hold the updates that this call's swap deferred, until the next call (or a wait)."""
-        UPDATES.hold(self.owner)
+    @staticmethod
+    def is_swap(changed: Sequence[int], by_index: dict[int, Any], old: dict[int, Any]) -> bool:
+        return bool(changed) and all(by_index[i] is not old[i] and is_weight(by_index[i]) for i in changed)
 
-    def settled(self) -> None:
-        """The last swap was a replacement (not one of several sets): its updates start."""
-        if self.swapped:
-            self.swapped = frozenset()
-            UPDATES.release(self.owner)
+    def returning(self, changed: Sequence[int], by_index: dict[int, Any]) -> frozenset[int] | None:
+        """The inputs that several sets of weights share, when this swap brings back a weight
+        swapped away before; else None."""
+        if not any(self._was_gone(by_index[i]) for i in changed):
+            return None
+        shared = frozenset(self.swapped | set(changed))
+        self.settle()
+        return shared
+
+    def park(self, changed: Sequence[int], gone: Sequence[weakref.ReferenceType[torch.Tensor]]) -> bool:
+        """Whether the weights this swap put away (`gone`) live on: then its inputs are parked."""
+        if not any(ref() is not None for ref in gone):
+            return False
+        self.gone.update((id(t), ref) for ref in gone if (t := ref()) is not None)
+        self.swapped.update(changed)
+        self.parked.update(changed)
+        return True
+
+    def settle(self) -> set[int]:
+        """The last swaps were replacements: forget them; returns the parked inputs, to update."""
+        parked = self.parked
+        self.gone, self.swapped, self.parked = {}, set(), set()
+        return parked
+
+    def _was_gone(self, tensor: Any) -> bool:
+        ref = self.gone.get(id(tensor))
+        return ref is not None and ref() is tensor
+
+
+def park(module: RegionModule, changed: set[int]) -> None:
+    """Run the region in PyTorch (reading the call's weights) until its update, if it reads any
+    of the inputs `changed`; an update of older weights still under way is dropped."""
+    if not changed.intersection(frozen_uses(module.graph_module)):
+        return
+    with UPDATES.swap:
+        module.generation += 1
+        if module.building:
+            return
+        executor = module.updating or module.executor
+        if isinstance(executor, TorchExecutor) or module.onnx is None:
+            return
+        module.updating = executor
+        module.executor = TorchExecutor(module.graph_module)
+        module.why = "its weights changed: PyTorch runs it until its engine has the new ones"
 
 
 def switch(

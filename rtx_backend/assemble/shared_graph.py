@@ -32,6 +32,11 @@ def frozen_index(target: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
+def frozen_uses(gm: torch.fx.GraphModule) -> set[int]:
+    """The Dynamo inputs whose frozen constants `gm`'s own graph reads."""
+    return {i for n in gm.graph.find_nodes(op="get_attr") if (i := frozen_index(str(n.target))) is not None}
+
+
 def weights_as_inputs(
     gm: torch.fx.GraphModule, shared: Collection[int]
 ) -> tuple[torch.fx.GraphModule, dict[str, torch.fx.GraphModule]]:

@@ -6,9 +6,9 @@ engine takes over once it is ready, and its first call is validated as a new eng
 change of a region's weights starts a new generation of it: an update that a later change
 overtook is dropped (skipped if it has not started), so that only the newest weights are built.
 `wait_for_updates()` waits until every update submitted so far has finished. The update of a
-weight replaced by another tensor can be held until the next call shows whether the graph is
-shared by several sets of weights (assemble/shared.py); `wait_for_updates()` starts the held
-ones first. The same thread
+weight replaced by another weight that lives on can wait for the next call, which shows whether
+several sets of weights share the graph (assemble/shared.py); `wait_for_updates()` starts such
+updates first. The same thread
 builds the engines that option engine_build="background" leaves behind the compile
 (background.py), so it waits for those too.
 """
@@ -37,7 +37,7 @@ class Updates:
         self.worker = _threads.Pool(1, "trtrtx-weights")
         self.pending: set[concurrent.futures.Future[Any]] = set()
         self.deferred = threading.local()  # this thread's jobs, submitted once its call has run
-        self.held: weakref.WeakKeyDictionary[Any, list[Callable[[], Any]]] = weakref.WeakKeyDictionary()
+        self.held: weakref.WeakSet[Any] = weakref.WeakSet()  # owners of updates that wait for a call
 
     def submit(self, job: Callable[[], Any]) -> concurrent.futures.Future[Any]:
         # pending from the moment it is queued (a wait on another thread waits for it); at exit the
@@ -61,24 +61,14 @@ class Updates:
                 self.submit(job)
 
     def hold(self, owner: Any) -> None:
-        """Hold this thread's deferred jobs under `owner` instead of submitting them after the call."""
-        jobs = getattr(self.deferred, "jobs", None)
-        if jobs:
-            self.deferred.jobs = []
-            with self.lock:
-                self.held.setdefault(owner, []).extend(jobs)
-
-    def release(self, owner: Any) -> None:
-        """Submit the jobs held under `owner`."""
+        """`owner` (a weight guard) has regions whose update waits for its next call: a wait for the
+        updates calls its `catch_up()` first, which starts them."""
         with self.lock:
-            jobs = self.held.pop(owner, [])
-        for job in jobs:
-            self.submit(job)
+            self.held.add(owner)
 
-    def drop(self, owner: Any) -> None:
-        """Forget the jobs held under `owner` (what they would bring up to date is made anew)."""
+    def unhold(self, owner: Any) -> None:
         with self.lock:
-            self.held.pop(owner, None)
+            self.held.discard(owner)
 
     def _finished(self, future: concurrent.futures.Future[Any]) -> None:
         with self.lock:
@@ -90,9 +80,9 @@ class Updates:
         """Wait for every update submitted so far (and any they submit); False on timeout."""
         deadline = None if timeout is None else time.monotonic() + timeout
         with self.lock:
-            owners = list(self.held.keys())
+            owners = list(self.held)
         for owner in owners:
-            self.release(owner)
+            owner.catch_up()
         while True:
             with self.lock:
                 pending = list(self.pending)

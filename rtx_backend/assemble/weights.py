@@ -33,6 +33,7 @@ import logging
 import operator
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -50,7 +51,7 @@ from ..run.executors import OrtExecutor, TorchExecutor, TrtExecutor, stream_capt
 from ..run.region import RegionModule, picker
 from ..run.validation import RECHECKS
 from .region import checked
-from .shared import WeightSets, switch
+from .shared import WeightSets, park, switch
 from .shared_graph import frozen_index
 from .updates import UPDATES
 
@@ -127,6 +128,11 @@ def _count_fused_step(optimizer: Any, args: Any, kwargs: Any) -> None:
 class WeightGuard:
     """The compiled graph, called after checking that the frozen weights are the call's."""
 
+    # Dynamo wraps what the backend returns (torch._dynamo.disable), and functools.wraps copies the
+    # guard's __dict__ into the wrapper: in slots, the weights and graphs it lets go of are not kept
+    # alive there (a replaced parameter, the engines of a graph made anew: shared.py)
+    __slots__ = ("__dict__", "__weakref__", "direct", "fn", "roots", "tensors")
+
     def __init__(
         self,
         fn: Callable[..., Any],
@@ -142,7 +148,7 @@ class WeightGuard:
         self.autocast_off = getattr(fn, "autocast_off", False)
         self.roots = roots
         self.direct = direct
-        self.sets = WeightSets(self)  # several sets of weights calling this one graph? (shared.py)
+        self.sets = WeightSets()  # several sets of weights calling this one graph? (shared.py)
         self.eager = eager
         self.options = options
         self.overrides = overrides
@@ -204,8 +210,8 @@ class WeightGuard:
         self.rechecks = RECHECKS.count
         if not self.same(args):
             return self.refreshed_call(args)
-        if self.sets.swapped:  # the weights swapped by the last call stay: a replacement, whose update starts
-            self.sets.settled()
+        if self.sets.swapped:  # the weights the last call swapped in stay: a replacement, not a block
+            self.catch_up()
         out = self.fn(*args)
         if self.overlap is None and not (self.on_cuda and stream_capturing()):
             # a graph that does not move its own weights' versions (no buffer updated in place, as
@@ -270,24 +276,44 @@ class WeightGuard:
             # (a function that reads the live weights, as inductor's code for Dynamo's graph does
             # once option fastest keeps it, leaves the regions it no longer runs as they are)
             live = getattr(self.fn, "reads_live_weights", False)
-            shared = None if live else self.sets.seen(changed, by_index, old)
-            if shared is not None:
-                self._share(shared, args)
-                return True
-            if not live:
-                for i in changed:
-                    if by_index[i] is not old[i]:
-                        self._rebind(i, by_index[i])
-                for module in _regions(self.roots):
-                    self._update(module, set(changed))
-            replaced = any(a is not t for a, t in zip(weights, self.tensors))
+            swap = not live and self.sets.is_swap(changed, by_index, old)
+            if swap:
+                shared = self.sets.returning(changed, by_index)
+                if shared is not None:  # several sets of weights call this graph (shared.py)
+                    self._share(shared, args)
+                    return True
+            gone = [weakref.ref(old[i]) for i in changed] if swap else []
+            rebound = [i for i in changed if by_index[i] is not old[i]]
+            del old  # (so that `gone` tells whether anything else holds the weights swapped away)
             self.tensors, self.versions = tuple(weights), versions
-            if replaced:
+            if rebound:
                 self._track(self.tensors, now)
-            if self.sets.swapped:  # its updates wait for the next call, which tells whether it was a swap
-                self.sets.hold()
+            if live:
+                return True
+            for i in rebound:
+                self._rebind(i, by_index[i])
+            if swap and self.sets.park(changed, gone):  # another block's weights? the next call tells
+                for module in _regions(self.roots):
+                    park(module, set(changed))
+                UPDATES.hold(self)
                 self.rechecks = -1  # (that call checks before it runs)
+                return True
+            parked = self.sets.settle()  # (regions an earlier swap parked take the weights too)
+            if parked:
+                UPDATES.unhold(self)
+            for module in _regions(self.roots):
+                self._update(module, set(changed) | parked)
             return True
+
+    def catch_up(self) -> None:
+        """Bring the parked regions up to date: the swap that parked them was a replacement."""
+        with self.lock:
+            UPDATES.unhold(self)
+            parked = self.sets.settle()
+            if parked:
+                for module in _regions(self.roots):
+                    self._update(module, parked)
+        UPDATES.start_deferred()
 
     def _share(self, shared: frozenset[int], args: Sequence[Any]) -> None:
         """Several sets of weights call this graph: its regions take them as inputs from now on."""
@@ -301,6 +327,7 @@ class WeightGuard:
             self.indices, self.pick, self.tensors = (), picker(()), ()
             self.vindices, self.vpick, self.versions = (), picker(()), ()
             return
+        UPDATES.unhold(self)
         self.fn, self.direct = switch(direct, shared, self.options, self.overrides)
         self.autocast_off = getattr(self.fn, "autocast_off", False)
         self.roots = [self.direct]
