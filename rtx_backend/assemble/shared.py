@@ -6,17 +6,20 @@ each block's own parameters. Lowering froze the first block's weights into the r
 call of another block then brings other tensor objects in their place, which the weight guard
 (weights.py) would take for a change and build the engines again for, on every call.
 
-`WeightSets` tells the two apart: a weight replaced by another weight (a parameter or buffer) of
-the same shape, dtype and device on two calls in a row, each bringing other tensors than the call
-before (block 1, block 2, block 1 again; or blocks 1, 2, 3) is a graph shared by several sets of
-weights. A model whose parameter was replaced (`m.weight = nn.Parameter(...)`) calls on with the
-new one: the update held after the first call (updates.Updates.hold) is then started, one call
-late. A change in place (an optimizer step, `load_state_dict`) is never a swap.
+`WeightSets` tells the two apart. A swap (every changed weight replaced by another parameter or
+buffer of the same shape, dtype and device) whose weights swapped away live on (another block
+holds them) parks the regions that read them in PyTorch, with the call's weights: no engine is
+built for one block. The call that brings back a weight swapped away before (block 1 again, at
+the next step) tells that several sets share the graph. A parameter replaced while nothing else
+holds the old one is a weight change as any other (weights.py); one whose old tensor lives on is
+parked too, and the next call that brings the new one again, another kind of change, or
+`wait_for_updates()` (updates.Updates.hold) brings its regions up to date. A change in place (an
+optimizer step, `load_state_dict`) is never a swap.
 
 The graph is then switched, once, to regions that take those weights as engine inputs
 (`switch`, with shared_graph.weights_as_inputs): exported with them as ONNX graph inputs, built
-once (on the update thread, PyTorch running the new regions meanwhile; in the call with
-weight_update="wait" or strict), keyed by the graph and not by one block's values; from then on
+once (on the update thread, PyTorch running the new regions meanwhile, as engine_build=
+"background" builds them; in the call with weight_update="wait" or strict), keyed by the graph and not by one block's values; from then on
 a call passes its block's tensors to the engines, and a new set costs nothing. Weights that every
 call shares (the same tensor objects) stay frozen and checked.
 """
@@ -39,17 +42,13 @@ from .._options import Options
 from ..cache import engines as _engine_cache
 from ..lower.lowering import is_weight, without_autocast
 from ..run.executors import TorchExecutor
-from ..run.region import RegionModule, direct_forward, region_device
-from ..run.validation import RECHECKS
+from ..run.region import RegionModule, direct_forward
 from . import rest as _rest
 from .region import compile_region
 from .shared_graph import frozen_uses, weights_as_inputs
 from .updates import UPDATES
 
 log = logging.getLogger("rtx_backend")
-
-BUILDING = ("it is called with several sets of weights (one graph for several blocks): PyTorch runs it until its "
-            "engine, which takes the weights as inputs, is built")
 
 
 class WeightSets:
@@ -122,18 +121,18 @@ def switch(
 ) -> tuple[Callable[..., Any], torch.fx.GraphModule]:
     """The compiled graph whose regions take the weights `shared` as inputs, and its partitioned
     graph: made from `direct` (a partitioned graph that takes Dynamo's inputs as they are), its
-    regions' engines built on the update thread (PyTorch runs them meanwhile) or, with
-    weight_update="wait" or strict, now."""
+    regions exported now and their engines built on the update thread (PyTorch runs them
+    meanwhile) or, with weight_update="wait" or strict, now."""
     start = time.perf_counter()
-    options = _rest.for_regions(options)
+    rest, options = options.rest, _rest.for_regions(options)
     gm, graphs = weights_as_inputs(direct, shared)
-    now = options.weight_update == "wait" or options.strict
+    now = options.weight_update == "wait" or options.strict or options.runtime == "tensorrt_rtx"
     made: dict[str, RegionModule] = {}
     for name, region_gm in graphs.items():
         old = getattr(direct, name)
         with UPDATES.swap:
             old.generation += 1  # an update of its frozen weights still under way is dropped
-        module = _compiled(name, region_gm, options, overrides()) if now else _later(name, region_gm, options, overrides)
+        module = _compiled(name, region_gm, options, overrides(), now)
         setattr(gm, name, module)
         made[name] = module
     torch.fx.GraphModule.recompile(gm)  # (graph.generate_code: its real code, not a lazy stub)
@@ -142,17 +141,23 @@ def switch(
     log.info("trtrtx: this graph is called with %d weight(s) swapped for other weights on every call (one graph for "
              "several blocks of the model, as regional compilation makes): %d region(s) take them as inputs from now "
              "on, %s%s", len(shared), len(made),
-             f"built in {time.perf_counter() - start:.2f}s" if now else "built in the background (PyTorch runs them "
-             "meanwhile)", "; the rest of the graph runs in PyTorch" if options.rest != "pytorch" else "")
+             f"built in {time.perf_counter() - start:.2f}s" if now else "their engines built in the background "
+             "(PyTorch runs them meanwhile)", "; the rest of the graph runs in PyTorch" if rest == "inductor" else "")
     return without_autocast(direct_forward(gm)), gm
 
 
-def _compiled(name: str, region_gm: torch.fx.GraphModule, options: Options, overrides: dict[str, Any]) -> RegionModule:
-    """The region with weights as inputs, compiled now; in PyTorch where that fails."""
+def _compiled(name: str, region_gm: torch.fx.GraphModule, options: Options, overrides: dict[str, Any],
+              now: bool) -> RegionModule:
+    """The region with weights as inputs, exported here (the exporter's tracing state is the
+    process's: not beside a compile on another thread), its engine built now or (not `now`) on the
+    update thread, PyTorch running it meanwhile (background.py); in PyTorch where that fails."""
+    from . import background as _background
+
+    later = None if now else _background.start
     try:
         with _engine_cache.digest_scope(), _host.sharing():  # (the bridge edits the graph it exports: a copy)
             return compile_region(name, torch.fx.GraphModule(region_gm, copy.deepcopy(region_gm.graph)), overrides,
-                                  options)
+                                  options, later)
     except RegionRefused as exc:  # the parser wants some of them as constants
         if options.strict:
             raise
@@ -160,42 +165,6 @@ def _compiled(name: str, region_gm: torch.fx.GraphModule, options: Options, over
         module = RegionModule(name, region_gm, None, None, TorchExecutor(region_gm))
         module.why = f"with its weights as inputs, {one_line(exc)}"
         return module
-
-
-def _later(name: str, region_gm: torch.fx.GraphModule, options: Options,
-           overrides: Callable[[], dict[str, Any]]) -> RegionModule:
-    """The region with weights as inputs, run by PyTorch until its engine, compiled on the update
-    thread, takes over (validated on its first call, as every new engine is)."""
-    module = RegionModule(name, region_gm, None, None, TorchExecutor(region_gm), device=region_device(region_gm))
-    module.why = BUILDING
-    module.building = True
-    generation = module.generation
-
-    def build() -> None:
-        from .weights import current_values, update_region
-
-        started = time.perf_counter()
-        fresh = _compiled(name, region_gm, options, overrides())
-        with UPDATES.swap:
-            changed = module.generation != generation  # a frozen weight it still reads changed meanwhile
-            module.engine_source = fresh.engine_source
-            module.why = BUILDING if changed else fresh.why
-            module.take(fresh, run=not changed)
-            if changed and not fresh.executor.reference:  # it takes them as after any change
-                module.updating = fresh.executor
-            module.building = False
-        if changed:
-            try:
-                update_region(module, current_values(module), options, lambda: overrides())
-            finally:
-                UPDATES.start_deferred()
-            return
-        RECHECKS.arm()
-        log.info("trtrtx: region %s: its engine, which takes the weights as inputs, built in the background in "
-                 "%.2fs, runs it now (%s)", name, time.perf_counter() - started, module.kind)
-
-    UPDATES.submit(build)
-    return module
 
 
 def _follow_record(direct: torch.fx.GraphModule, gm: torch.fx.GraphModule, made: dict[str, RegionModule]) -> None:

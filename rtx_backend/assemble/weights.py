@@ -22,6 +22,9 @@ read the live weights (the frozen tensors share their storage), so only a replac
 rebound there. A weight replaced by a tensor of another shape, dtype or device makes the graph
 run in PyTorch from then on, with a warning (Dynamo's guards normally recompile first).
 
+One graph that several sets of weights call (regional compilation: each block's parameters in
+turn) is told from a weight change and made to take those weights as inputs in shared.py.
+
 Long because checking, refitting and rebuilding share the guard's per-call path and the
 regions' state. The ONNX initializers they replace are read and written in
 `export/initializers.py`.
