@@ -64,9 +64,11 @@ def trtrtx(
         # weights are hashed once (for the graph key and the engine keys), copied to the host once
         with _engine_cache.digest_scope(), _host.sharing():
             roots: list[torch.fx.GraphModule] = []
-            fn = compile_or_reuse(gm, example_inputs, opts, roots)
+            direct: list[torch.fx.GraphModule] = []
+            fn = compile_or_reuse(gm, example_inputs, opts, roots, direct.append)
         # (inside the net below: a graph whose weights cannot be checked runs in PyTorch)
-        return guard_weights(fn, roots, example_inputs, gm.forward, opts, lambda: symbol_overrides(gm, opts))
+        return guard_weights(fn, roots, example_inputs, gm.forward, opts, lambda: symbol_overrides(gm, opts),
+                             direct[0] if len(direct) == 1 else None)
     except _torch_compat.dynamo_exc().TorchDynamoException as exc:
         if isinstance(exc, _torch_compat.dynamo_exc().RestartAnalysis):
             # e.g. dynamic=True makes float attributes (LayerNorm eps) symbolic, then Dynamo

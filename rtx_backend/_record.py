@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -42,10 +43,29 @@ def recording() -> Iterator[list[CompiledGraph]]:
         _ACTIVE.reset(token)
 
 
+# each recorded graph's record, by its partitioned graph: a graph switched to regions of its own
+# later (assemble/shared.py) makes its record list them (both held weakly: the compiled graph owns
+# the one, the recording the other)
+_BY_GRAPH: weakref.WeakKeyDictionary[Any, weakref.ReferenceType[CompiledGraph]] = weakref.WeakKeyDictionary()
+
+
 def record(graph: CompiledGraph) -> None:
     graphs = _ACTIVE.get()
     if graphs is not None:
         graphs.append(graph)
+        if graph.plan is not None:
+            follow(graph.plan.graph_module, graph)
+
+
+def follow(gm: Any, graph: CompiledGraph) -> None:
+    """Make `graph` the record of the partitioned graph `gm` too."""
+    _BY_GRAPH[gm] = weakref.ref(graph)
+
+
+def of_graph(gm: Any) -> CompiledGraph | None:
+    """The record of a partitioned graph compiled inside a `recording()`, if any."""
+    ref = _BY_GRAPH.get(gm)
+    return ref() if ref is not None else None
 
 
 def record_not_lowered(why: str) -> None:

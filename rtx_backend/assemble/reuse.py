@@ -40,12 +40,15 @@ def compile_or_reuse(
     with rest="inductor", compiled by inductor around its regions (rest.py); with option fastest
     and one region that is the whole graph, that against inductor on `gm` (rest_fastest.py).
     `roots` gets the partitioned graph (whose regions froze the weights); `on_direct` gets it
-    when the result runs it on Dynamo's inputs as they are (no aot_autograd wrapper around it)."""
+    when the result computes what it computes from Dynamo's inputs as they are (no aot_autograd
+    wrapper around it; with the rest compiled by inductor, inductor's code for it)."""
     roots = roots if roots is not None else []
     if options.rest != "pytorch":
         direct: list[torch.fx.GraphModule] = []
         fn = compile_or_reuse(gm, example_inputs, _rest.for_regions(options), roots, direct.append)
         partitioned = direct[0] if len(direct) == 1 else None
+        if on_direct is not None and partitioned is not None:
+            on_direct(partitioned)
         choice = _rest.rest_choice(options, partitioned)  # rest="auto": inductor only where the rest computes
         if not choice.inductor:
             return fn

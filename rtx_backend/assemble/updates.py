@@ -5,7 +5,10 @@ one worker thread builds its engine again or refits it from a snapshot of the ne
 engine takes over once it is ready, and its first call is validated as a new engine's is. Each
 change of a region's weights starts a new generation of it: an update that a later change
 overtook is dropped (skipped if it has not started), so that only the newest weights are built.
-`wait_for_updates()` waits until every update submitted so far has finished. The same thread
+`wait_for_updates()` waits until every update submitted so far has finished. The update of a
+weight replaced by another weight that lives on can wait for the next call, which shows whether
+several sets of weights share the graph (assemble/shared.py); `wait_for_updates()` starts such
+updates first. The same thread
 builds the engines that option engine_build="background" leaves behind the compile
 (background.py), so it waits for those too.
 """
@@ -16,6 +19,7 @@ import concurrent.futures
 import logging
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -33,6 +37,7 @@ class Updates:
         self.worker = _threads.Pool(1, "trtrtx-weights")
         self.pending: set[concurrent.futures.Future[Any]] = set()
         self.deferred = threading.local()  # this thread's jobs, submitted once its call has run
+        self.held: weakref.WeakSet[Any] = weakref.WeakSet()  # owners of updates that wait for a call
 
     def submit(self, job: Callable[[], Any]) -> concurrent.futures.Future[Any]:
         # pending from the moment it is queued (a wait on another thread waits for it); at exit the
@@ -55,6 +60,16 @@ class Updates:
             for job in jobs:
                 self.submit(job)
 
+    def hold(self, owner: Any) -> None:
+        """`owner` (a weight guard) has regions whose update waits for its next call: a wait for the
+        updates calls its `catch_up()` first, which starts them."""
+        with self.lock:
+            self.held.add(owner)
+
+    def unhold(self, owner: Any) -> None:
+        with self.lock:
+            self.held.discard(owner)
+
     def _finished(self, future: concurrent.futures.Future[Any]) -> None:
         with self.lock:
             self.pending.discard(future)
@@ -64,6 +79,10 @@ class Updates:
     def wait(self, timeout: float | None = None) -> bool:
         """Wait for every update submitted so far (and any they submit); False on timeout."""
         deadline = None if timeout is None else time.monotonic() + timeout
+        with self.lock:
+            owners = list(self.held)
+        for owner in owners:
+            owner.catch_up()
         while True:
             with self.lock:
                 pending = list(self.pending)

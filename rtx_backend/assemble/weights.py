@@ -22,6 +22,9 @@ read the live weights (the frozen tensors share their storage), so only a replac
 rebound there. A weight replaced by a tensor of another shape, dtype or device makes the graph
 run in PyTorch from then on, with a warning (Dynamo's guards normally recompile first).
 
+One graph that several sets of weights call (regional compilation: each block's parameters in
+turn) is told from a weight change and made to take those weights as inputs in shared.py.
+
 Long because checking, refitting and rebuilding share the guard's per-call path and the
 regions' state. The ONNX initializers they replace are read and written in
 `export/initializers.py`.
@@ -33,6 +36,7 @@ import logging
 import operator
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -43,25 +47,20 @@ from .._log import one_line
 from .._options import Options
 from .._types import OnnxRegion
 from ..cache.engines import fetch_attr
-from ..export.bridge import EXPORTED_AS, FROZEN
+from ..export.bridge import EXPORTED_AS
 from ..export.initializers import initializer_specs, initializer_value, spec, with_weights
 from ..lower.lowering import is_weight
 from ..run.executors import OrtExecutor, TorchExecutor, TrtExecutor, stream_capturing
 from ..run.region import RegionModule, picker
 from ..run.validation import RECHECKS
 from .region import checked
+from .shared import WeightSets, park, switch
+from .shared_graph import frozen_index
 from .updates import UPDATES
 
 log = logging.getLogger("rtx_backend")
 
-_FROZEN = FROZEN  # lowering's name of Dynamo input i frozen as a constant
 _VERSION = operator.attrgetter("_version")
-
-
-def frozen_index(target: str) -> int | None:
-    """The Dynamo input index of a constant named by lowering's freeze; None for other constants."""
-    match = _FROZEN.search(target)
-    return int(match.group(1)) if match else None
 
 
 def guard_weights(
@@ -71,10 +70,13 @@ def guard_weights(
     eager: Callable[..., Any],
     options: Options,
     overrides: Callable[[], dict[str, Any]],
+    direct: torch.fx.GraphModule | None = None,
 ) -> Callable[..., Any]:
     """`fn` behind a weight check (weights checked, `region.checked`, and a weight was frozen), else
     `fn`. `eager`: Dynamo's graph, run when a weight changes in a way no engine can follow;
-    `overrides`: the dynamic-shape overrides, for a region that must be built again."""
+    `overrides`: the dynamic-shape overrides, for a region that must be built again; `direct`: the
+    partitioned graph when it computes `fn`'s results from Dynamo's inputs as they are (a graph
+    that several sets of weights share is made anew from it: shared.py)."""
     if not checked(options) or not roots:
         return fn
     used = sorted({i for root in roots for i in _frozen_uses(root)
@@ -82,7 +84,7 @@ def guard_weights(
     if not used:
         return fn
     count_fused_steps()
-    return WeightGuard(fn, list(roots), example_inputs, used, eager, options, overrides)
+    return WeightGuard(fn, list(roots), example_inputs, used, eager, options, overrides, direct)
 
 
 class FusedSteps:
@@ -129,6 +131,11 @@ def _count_fused_step(optimizer: Any, args: Any, kwargs: Any) -> None:
 class WeightGuard:
     """The compiled graph, called after checking that the frozen weights are the call's."""
 
+    # Dynamo wraps what the backend returns (torch._dynamo.disable), and functools.wraps copies the
+    # guard's __dict__ into the wrapper: in slots, the weights and graphs it lets go of are not kept
+    # alive there (a replaced parameter, the engines of a graph made anew: shared.py)
+    __slots__ = ("__dict__", "__weakref__", "direct", "fn", "roots", "tensors")
+
     def __init__(
         self,
         fn: Callable[..., Any],
@@ -138,20 +145,18 @@ class WeightGuard:
         eager: Callable[..., Any],
         options: Options,
         overrides: Callable[[], dict[str, Any]],
+        direct: torch.fx.GraphModule | None = None,
     ) -> None:
         self.fn = fn
         self.autocast_off = getattr(fn, "autocast_off", False)
         self.roots = roots
+        self.direct = direct
+        self.sets = WeightSets()  # several sets of weights calling this one graph? (shared.py)
         self.eager = eager
         self.options = options
         self.overrides = overrides
-        self.indices = tuple(used)
-        self.pick = picker(used)
-        self.tensors: tuple[torch.Tensor, ...] = tuple(example_inputs[i] for i in used)
         self.vindices: tuple[int, ...] = ()
-        self.vpick = picker(())
-        self.versions: tuple[int, ...] = ()
-        self._track(self.tensors)
+        self._watch(used, example_inputs)
         self.lock = threading.Lock()
         self.capture_said = False
         # check while the GPU runs the call (run_then_check): None until the first call has shown
@@ -159,8 +164,15 @@ class WeightGuard:
         self.overlap: bool | None = None
         self.on_cuda = any(t.is_cuda for t in self.tensors)  # (a capture is possible: checked per call)
         self.rechecks = RECHECKS.count  # executors armed for a recheck when this last checked first
+
+    def _watch(self, used: Sequence[int], inputs: Sequence[Any]) -> None:
+        """Check the weights at Dynamo input indices `used`, as they are in `inputs`, from now on."""
+        self.indices = tuple(used)
+        self.pick = picker(used)
+        self.tensors: tuple[torch.Tensor, ...] = tuple(inputs[i] for i in used)
+        self._track(self.tensors)
         # the constant each index is frozen as (the object to rebind when a parameter is replaced)
-        found = _all_constants(roots)
+        found = _all_constants(self.roots)
         self.frozen = {i: found.get(i) for i in used}
 
     def _track(self, weights: Sequence[torch.Tensor], versions: dict[int, int] | None = None) -> None:
@@ -201,6 +213,8 @@ class WeightGuard:
         self.rechecks = RECHECKS.count
         if not self.same(args):
             return self.refreshed_call(args)
+        if self.sets.swapped:  # the weights the last call swapped in stay: a replacement, not a block
+            self.catch_up()
         out = self.fn(*args)
         if self.overlap is None and not (self.on_cuda and stream_capturing()):
             # a graph that does not move its own weights' versions (no buffer updated in place, as
@@ -264,17 +278,64 @@ class WeightGuard:
                 return True
             # (a function that reads the live weights, as inductor's code for Dynamo's graph does
             # once option fastest keeps it, leaves the regions it no longer runs as they are)
-            if not getattr(self.fn, "reads_live_weights", False):
-                for i in changed:
-                    if by_index[i] is not old[i]:
-                        self._rebind(i, by_index[i])
-                for module in _regions(self.roots):
-                    self._update(module, set(changed))
-            replaced = any(a is not t for a, t in zip(weights, self.tensors))
+            live = getattr(self.fn, "reads_live_weights", False)
+            swap = not live and self.sets.is_swap(changed, by_index, old)
+            if swap:
+                shared = self.sets.returning(changed, by_index)
+                if shared is not None:  # several sets of weights call this graph (shared.py)
+                    self._share(shared, args)
+                    return True
+            gone = [weakref.ref(old[i]) for i in changed] if swap else []
+            rebound = [i for i in changed if by_index[i] is not old[i]]
+            del old  # (so that `gone` tells whether anything else holds the weights swapped away)
             self.tensors, self.versions = tuple(weights), versions
-            if replaced:
+            if rebound:
                 self._track(self.tensors, now)
+            if live:
+                return True
+            for i in rebound:
+                self._rebind(i, by_index[i])
+            if swap and self.sets.park(changed, gone):  # another block's weights? the next call tells
+                for module in _regions(self.roots):
+                    park(module, set(changed))
+                UPDATES.hold(self)
+                self.rechecks = -1  # (that call checks before it runs)
+                return True
+            parked = self.sets.settle()  # (regions an earlier swap parked take the weights too)
+            if parked:
+                UPDATES.unhold(self)
+            for module in _regions(self.roots):
+                self._update(module, set(changed) | parked)
             return True
+
+    def catch_up(self) -> None:
+        """Bring the parked regions up to date: the swap that parked them was a replacement."""
+        with self.lock:
+            UPDATES.unhold(self)
+            parked = self.sets.settle()
+            if parked:
+                for module in _regions(self.roots):
+                    self._update(module, parked)
+        UPDATES.start_deferred()
+
+    def _share(self, shared: frozenset[int], args: Sequence[Any]) -> None:
+        """Several sets of weights call this graph: its regions take them as inputs from now on."""
+        direct = self.direct
+        if direct is None or len(list(direct.graph.find_nodes(op="placeholder"))) != len(args):
+            log.warning("trtrtx: this graph is called with other weights on every call (one graph for several blocks "
+                        "of the model, as regional compilation makes), and its compiled form cannot take them as "
+                        "inputs (lowering changed its calling convention); it runs in PyTorch from now on")
+            _stats.count("weight_fallbacks")
+            self.fn = self.eager
+            self.indices, self.pick, self.tensors = (), picker(()), ()
+            self.vindices, self.vpick, self.versions = (), picker(()), ()
+            return
+        UPDATES.unhold(self)
+        self.fn, self.direct = switch(direct, shared, self.options, self.overrides)
+        self.autocast_off = getattr(self.fn, "autocast_off", False)
+        self.roots = [self.direct]
+        self._watch(sorted(i for i in _frozen_uses(self.direct) if i < len(args) and is_weight(args[i])), args)
+        self.overlap = None
 
     def _update(self, module: RegionModule, changed: set[int]) -> None:
         constants = _constants(module.graph_module)

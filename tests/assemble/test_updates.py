@@ -189,3 +189,44 @@ def test_gpu_pytorch_serves_while_the_engine_is_brought_up_to_date(native, held)
         assert diff(compiled, model, x) < 1e-3  # the engine, with the new weights
     stats = rtx_backend.stats()
     assert stats.get("weight_rebuilds") == 1 and not stats.get("validation_failures"), stats
+
+
+def tiny_unet():
+    diffusers = pytest.importorskip("diffusers")
+    torch.manual_seed(0)
+    model = diffusers.UNet2DConditionModel(
+        block_out_channels=(32, 64), layers_per_block=1, cross_attention_dim=32, attention_head_dim=8, sample_size=16,
+        down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"), up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"),
+        norm_num_groups=16).eval()
+    inputs = (torch.randn(1, 4, 16, 16), torch.tensor([10]), torch.randn(1, 8, 32))
+    return model, inputs
+
+
+@pytest.mark.parametrize("how", ["whole", "repeated_blocks"])
+@pytest.mark.parametrize("assign", [False, True])
+def test_a_fine_tune_loaded_into_a_compiled_unet(how, assign):
+    """A fine-tune's state dict loaded into a compiled diffusers UNet (copied in place, or assigned):
+    the next call answers with it, and the engines catch up in the background."""
+    model, inputs = tiny_unet()
+    options = {"target_compute_capabilities": [(8, 6)]}
+    if how == "whole":
+        compiled = torch.compile(model, backend="trtrtx", options=options)
+    else:
+        model.compile_repeated_blocks(backend="trtrtx", options=options)
+        compiled = model
+    with recording() as graphs, torch.inference_mode():
+        for _ in range(3):  # (blocks compiled one by one: their graphs take the weights as inputs by then)
+            torch.testing.assert_close(compiled(*inputs).sample, model(*inputs).sample, rtol=1e-4, atol=1e-4)
+        assert rtx_backend.wait_for_updates(60)
+    with torch.no_grad():
+        tuned = {k: v * 1.1 + 0.01 if v.is_floating_point() else v for k, v in model.state_dict().items()}
+        model.load_state_dict(tuned, assign=assign)
+    with torch.inference_mode():
+        expected = model(*inputs).sample
+        torch.testing.assert_close(compiled(*inputs).sample, expected, rtol=1e-4, atol=1e-4)
+        assert rtx_backend.wait_for_updates(60)
+        torch.testing.assert_close(compiled(*inputs).sample, expected, rtol=1e-4, atol=1e-4)
+    stats = rtx_backend.stats()
+    assert stats.get("weight_refits", 0) >= 1 and not stats.get("weight_fallbacks"), stats
+    kinds = {r.kind for g in graphs for r in g.regions}
+    assert kinds == {"onnxruntime"}, kinds
