@@ -218,6 +218,7 @@ def save(results: dict[str, Any], out: Path) -> Path:
     name = env["gpu"].replace(" ", "-") if env["gpu"] != "cpu" else "cpu"
     version = ".".join(str(env.get("tensorrt_rtx", "ort")).split(".")[:3])
     stem = out / f"{env['date']}-{name}-{version}-llm"
+    out.mkdir(parents=True, exist_ok=True)
     Path(f"{stem}.json").write_text(json.dumps(results, indent=1) + "\n")
     Path(f"{stem}.md").write_text(markdown(results))
     return stem

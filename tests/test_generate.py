@@ -93,6 +93,30 @@ def test_dynamic_cache_and_batches_give_eagers_tokens(batch):
 
 
 @needs_transformers
+def test_one_static_cache_over_prompts_of_several_lengths_gives_eagers_tokens():
+    """One StaticCache object passed to every `generate`: the cache keeps its shape while the
+    prompt's length changes, so the forward's prefill graph turns dynamic in the sequence length
+    with its cache writes in it (their scatter index sized by that symbol)."""
+    from transformers import StaticCache
+
+    llm = _llm()
+    eager, model = (llm.build("llama", "tiny", "cpu", torch.float32) for _ in range(2))
+    rtx_backend.reset_stats()
+    with rtx_backend.default_options({"min_block_size": 1, "engine_cache_dir": ""}):
+        model.forward = torch.compile(model.forward, backend="trtrtx")
+        cache = StaticCache(config=model.config, max_cache_len=40)
+        with rtx_backend.recording() as rec:
+            for length in (20, 11, 16):
+                ids = llm.prompt(eager, 1, length, seed=length)
+                want = _generate(eager, ids, 4, disable_compile=True)
+                cache.reset()
+                got = _generate(model, ids, 4, past_key_values=cache)
+                assert got.tolist() == want.tolist(), (length, str(rec))
+    assert rec.regions and all(r.runtime != "PyTorch" for r in rec.regions), str(rec)
+    assert rtx_backend.stats().get("cache_writes_in_place", 0) >= 4  # prefill and decode graphs
+
+
+@needs_transformers
 def test_the_decode_steps_cache_writes_reach_the_engine_as_in_place_updates(tmp_path):
     """The exported decode region writes each layer's keys and values with a ScatterElements on the
     cache input; the engine build turns every one into TensorScatter (KVCacheUpdate)."""

@@ -27,6 +27,7 @@ from ..run.executors import TorchExecutor, TrtExecutor
 from ..run.region import RegionModule
 from ..run.validation import RECHECKS
 from .region import Unbuilt, runtime_module
+from .shared import BUILD_LATER
 from .updates import UPDATES
 from .weights import current_values, update_region
 
@@ -109,3 +110,6 @@ def _build(module: RegionModule, unbuilt: Unbuilt, options: Options, device: tor
     _stats.count("background_builds_done")
     log.info("trtrtx: region %s: its engine, built in the background in %.2fs, runs it now (%s)", module.name,
              time.perf_counter() - start, fresh.kind)
+
+
+BUILD_LATER[0] = start  # a graph switched to weights as inputs builds its engines this way too

@@ -99,6 +99,11 @@ class WeightSets:
         return ref is not None and ref() is tensor
 
 
+# How a region's engine is built behind the compile: background.start, which sets it here (that
+# module imports this one).
+BUILD_LATER: list[Callable[..., Any] | None] = [None]
+
+
 def park(module: RegionModule, changed: set[int]) -> None:
     """Run the region in PyTorch (reading the call's weights) until its update, if it reads any
     of the inputs `changed`; an update of older weights still under way is dropped."""
@@ -151,9 +156,7 @@ def _compiled(name: str, region_gm: torch.fx.GraphModule, options: Options, over
     """The region with weights as inputs, exported here (the exporter's tracing state is the
     process's: not beside a compile on another thread), its engine built now or (not `now`) on the
     update thread, PyTorch running it meanwhile (background.py); in PyTorch where that fails."""
-    from . import background as _background
-
-    later = None if now else _background.start
+    later = None if now else BUILD_LATER[0]
     try:
         with _engine_cache.digest_scope(), _host.sharing():  # (the bridge edits the graph it exports: a copy)
             return compile_region(name, torch.fx.GraphModule(region_gm, copy.deepcopy(region_gm.graph)), overrides,

@@ -46,6 +46,20 @@ def _write(node: torch.fx.Node) -> tuple[Any, Any, Any, Any] | None:
     return cache, dim, positions, values
 
 
+def _size(graph: torch.fx.Graph, node: torch.fx.Node, value: torch.Tensor) -> list[Any]:
+    """The node's size as expand's argument: a symbolic dimension (a prompt's length) read from the
+    node by sym_size, not written down as the name of its symbol, which the graph does not define."""
+    size: list[Any] = []
+    for dim, length in enumerate(value.shape):
+        if isinstance(length, torch.SymInt):
+            read = graph.call_function(aten.sym_size.int, (node, dim))
+            read.meta["val"] = length
+            size.append(read)
+        else:
+            size.append(int(length))
+    return size
+
+
 def scatter_cache_writes(gm: torch.fx.GraphModule, written: set[int]) -> int:
     """Rewrite the writes of written 4-D inputs along dim 2 (see the module's docstring); returns
     how many. The cache must be read by nothing but its write and the copy back."""
@@ -71,7 +85,7 @@ def scatter_cache_writes(gm: torch.fx.GraphModule, written: set[int]) -> int:
         with gm.graph.inserting_before(node):
             rows = gm.graph.call_function(aten.reshape.default, (positions, [1, 1, -1, 1]))
             rows.meta["val"] = p.reshape(1, 1, -1, 1)
-            index = gm.graph.call_function(aten.expand.default, (rows, list(v.shape)))
+            index = gm.graph.call_function(aten.expand.default, (rows, _size(gm.graph, values, v)))
             index.meta["val"] = rows.meta["val"].expand(*v.shape)
             scatter = gm.graph.call_function(aten.scatter.src, (cache, 2, index, values))
         scatter.meta.update(node.meta)
