@@ -31,6 +31,7 @@ from .._types import EngineData, OnnxRegion
 from ..build.engine import load_weightless, parser_errors
 from ..export.model import OnnxModel, as_bytes, in_memory_initializers
 from ..run import runtime_cache as _runtime_cache
+from ..run.staging import Staging
 
 log = logging.getLogger("rtx_backend")
 
@@ -216,6 +217,7 @@ class _Binding:
     capture_scratch: torch.Tensor | None = None  # scratch memory of the last captured call
     warmed: set[tuple[torch.Size, ...]] = dataclasses.field(default_factory=set)  # shapes run uncaptured
     scratch_bound: bool = False  # the executor's own scratch memory is the one set (uncaptured calls)
+    staging: Staging = dataclasses.field(default_factory=Staging)  # fixed addresses for native graphs
 
 
 def aliased_inputs(engine: Any, input_names: Sequence[str], output_names: Sequence[str]) -> dict[int, int]:
@@ -283,6 +285,7 @@ class TrtExecutor(Executor):
         self.aliased = aliased_inputs(self.engine, self.input_names, self.output_names)
         if self.aliased:
             _stats.count("engine_outputs_in_place", len(self.aliased))
+        self.written = frozenset(self.aliased.values())  # inputs the engine writes: never staged
         self.device = torch.device("cuda", torch.cuda.current_device())
         self._errors: list[str] = _trt.logger().errors  # TensorRT-RTX's errors since the last clear
         self.lock = threading.Lock()
@@ -423,7 +426,12 @@ class TrtExecutor(Executor):
         # allocator reuses them only for work that runs after the engine.
         held: list[torch.Tensor] = []
         given: list[torch.Tensor] = []  # the inputs as bound
-        for name, t in zip(self.input_names, tensors):
+        if not capturing and self._last_raw is not None and self._last_raw != raw:
+            # another stream than the last call's: wait for that call's use of the scratch memory
+            # (and of the staging buffers, written below)
+            torch.cuda.current_stream(self.device).wait_stream(self._last_stream)
+        staging = b.staging if b.native_graphs and not capturing else None
+        for position, (name, t) in enumerate(zip(self.input_names, tensors)):
             if t.get_device() != index:  # an int compare: no torch.device on every call
                 t = t.to(self.device)
                 held.append(t)
@@ -436,8 +444,11 @@ class TrtExecutor(Executor):
                     f"region {self.name}: TensorRT-RTX refused input shape {tuple(t.shape)} for {name} "
                     "(outside the engine's optimization profile)"
                 )
-            given.append(t)
             ptr = t.data_ptr()
+            if staging is not None and addresses.get(name) != ptr and position not in self.written:
+                t = staging.input(name, t, addresses.get(name))
+                ptr = t.data_ptr()
+            given.append(t)
             if addresses.get(name) != ptr:
                 ctx.set_tensor_address(name, ptr)
                 addresses[name] = ptr
@@ -448,16 +459,24 @@ class TrtExecutor(Executor):
                 b.output_specs.append((shape, contiguous_strides(shape), dtype))
             b.input_shapes = shapes
         outputs = []
+        copied: list[int] = []  # outputs written into staging buffers: handed back as copies
         device = self.device
         fast = _empty_strided_cuda if index is not None and _torch_compat.cuda_current_device() == index else None
         aliased = self.aliased
         for index_out, (name, (shape, strides, dtype)) in enumerate(zip(self.output_names, b.output_specs)):
+            buffer = staging.output(name, shape, dtype) if staging is not None else None
             if index_out in aliased:
                 out = given[aliased[index_out]]
-            elif fast is not None:
-                out = fast(shape, strides, dtype)
+            elif buffer is not None:
+                out = buffer
+                copied.append(index_out)
             else:
-                out = torch.empty_strided(shape, strides, dtype=dtype, device=device)
+                if fast is not None:
+                    out = fast(shape, strides, dtype)
+                else:
+                    out = torch.empty_strided(shape, strides, dtype=dtype, device=device)
+                if staging is not None and staging.keep(name, out, addresses.get(name)):
+                    copied.append(index_out)
             ptr = out.data_ptr()
             if addresses.get(name) != ptr:
                 ctx.set_tensor_address(name, ptr)
@@ -472,9 +491,6 @@ class TrtExecutor(Executor):
             )
         if b.native_graphs and not self.native_checked:
             self._check_native(ctx, torch.cuda.current_stream(self.device))
-        if not capturing and self._last_raw is not None and self._last_raw != raw:
-            # another stream than the last call's: wait for that call's use of the scratch memory
-            torch.cuda.current_stream(self.device).wait_stream(self._last_stream)
         run_on = raw
         if b.native_graphs and raw == 0:
             # CUDA cannot capture the legacy default stream: TensorRT-RTX's own graphs run on a
@@ -494,6 +510,8 @@ class TrtExecutor(Executor):
         if run_on != raw:
             for step in self._side_path().after:
                 step()
+        for index_out in copied:
+            outputs[index_out] = outputs[index_out].clone()
         if not capturing:
             if new_shapes:
                 b.warmed.add(shapes)  # (shapes that are not new were added when they became new)
