@@ -182,3 +182,27 @@ def test_a_tiny_flux_transformer_compiled_by_repeated_blocks():
     assert before["shared_weight_graphs"] == graphs and before["engine_builds"] == 2 * graphs, before
     assert not (before["weight_fallbacks"] or before["weight_refits"] or before["weight_rebuilds"]), before
     assert rec.runtimes == {"ONNX Runtime"}, str(rec)
+
+
+@pytest.mark.gpu
+def test_gpu_blocks_compiled_one_by_one_run_one_engine_with_their_weights_as_inputs():
+    """On TensorRT-RTX: the engine that takes the blocks' weights as inputs builds (the parser takes
+    them as network inputs) and serves every block, FP16, with nothing rebuilt in the steady state."""
+    model = blocks().to("cuda", torch.float16)
+    for block in model:
+        block.compile(backend="trtrtx", options={"min_block_size": 1, "runtime": "tensorrt_rtx"})
+    with torch.inference_mode():
+        x = torch.randn(4, 16, device="cuda", dtype=torch.float16)
+        reference = eager(model, x)
+        with recording() as graphs:
+            for _ in range(3):
+                forward(model, x)
+            assert rtx_backend.wait_for_updates(120)
+            torch.testing.assert_close(forward(model, x), reference, rtol=2e-2, atol=2e-2)
+        before = counts()
+        for _ in range(3):
+            torch.testing.assert_close(forward(model, x), reference, rtol=2e-2, atol=2e-2)
+        assert rtx_backend.wait_for_updates(60)
+    assert counts() == before, (before, counts())
+    assert before["shared_weight_graphs"] == 1, before
+    assert Recording(graphs).runtimes == {"TensorRT-RTX"}, str(Recording(graphs))
