@@ -152,7 +152,7 @@ PATHS: dict[str, Callable[[torch.nn.Module], dict[str, Any]]] = {
 
 
 def run_family(family: str, size: str, device: str, paths: Sequence[str], new: int, length: int, runs: int,
-               batch: int = 1) -> dict[str, Any]:
+               batch: int = 1, on_path: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
     import rtx_backend
 
     dtype = torch.float16 if device == "cuda" else torch.float32
@@ -189,6 +189,8 @@ def run_family(family: str, size: str, device: str, paths: Sequence[str], new: i
         entry["prefill_ms"] = round(one * 1e3, 2)
         print(f"{family} {path}: {entry}", flush=True)
         row["paths"][path] = entry
+        if on_path is not None:
+            on_path(row)  # saved after each path: a run cut short keeps what it measured
         if model is not base:
             del model
         torch._dynamo.reset()
@@ -273,9 +275,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         paths.insert(0, "eager")
     results: dict[str, Any] = {"env": environment(device), "rows": []}
     size = "full" if args.gpu else "tiny"
-    for family in args.models.split(","):
-        results["rows"].append(run_family(family, size, device, paths, args.new_tokens, args.prompt, args.runs))
+    stem = Path()
+
+    def keep(row: dict[str, Any]) -> None:
+        nonlocal stem
+        if row not in results["rows"]:
+            results["rows"].append(row)
         stem = save(results, Path(args.out))
+
+    for family in args.models.split(","):
+        run_family(family, size, device, paths, args.new_tokens, args.prompt, args.runs, on_path=keep)
     print(markdown(results))
     print(f"saved {stem}.json and .md")
     return 0
